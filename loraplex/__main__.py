@@ -1,0 +1,5 @@
+"""``python -m loraplex`` runs the CLI."""
+
+from loraplex.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""Frozen configuration, one slice per component, built once by the CLI.
+
+Environment variables are read here and nowhere else. Each component receives only its own
+slice (`config.engine` goes to the engine, `config.scheduler` to the scheduler, ...).
+Unknown keys raise: `from_mapping` refuses names that are not fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from loraplex.errors import user_error
+
+T = TypeVar("T")
+
+DEFAULT_MODEL_NAME = "Qwen/Qwen3-8B"
+"""Catalogue name the built-in tiny model is served under when no ``--model`` is given: a real
+Qwen3 repo id, so the SDK's and the cookbook's tokenizer and renderer lookups accept it."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Compute settings.
+
+    Attributes:
+        device: ``cpu`` or ``cuda``; ``auto`` picks cuda when present.
+        dtype: compute dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA.
+        max_lora_rank: largest rank a client may ask for.
+        batch_invariant: pad GEMM rows and tile attention so a token's logprob does not depend
+            on what else shares the batch, nor on decode vs full forward (bitwise).
+        row_multiple: GEMM row counts are padded to a multiple of this in batch-invariant mode.
+        kv_block_size: keys per attention block and per KV-cache page.
+        kv_cache_blocks: pages in the sampler's KV cache (bounds sampler memory).
+        max_context: longest sequence accepted (None: the model's own limit).
+        num_threads: torch intra-op threads (None: torch's default).
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    max_lora_rank: int = 128
+    batch_invariant: bool = True
+    row_multiple: int = 16
+    kv_block_size: int = 64
+    kv_cache_blocks: int = 2048
+    max_context: int | None = None
+    num_threads: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Clock-cycle scheduling and admission.
+
+    Attributes:
+        token_budget: most datum tokens packed into one training batch.
+        max_inflight_per_tenant: queued + running ops per tenant before backpressure.
+        quantum_tokens: deficit round-robin quantum per tenant per round.
+        timeslice: naive mode, one model per cycle (the multiplexing baseline).
+        decode_steps_per_cycle: sampler decode steps between training batches when both wait.
+    """
+
+    token_budget: int = 16384
+    max_inflight_per_tenant: int = 256
+    quantum_tokens: int = 2048
+    timeslice: bool = False
+    decode_steps_per_cycle: int = 8
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """``--model NAME=SOURCE``: a catalogue name served from a local directory or a built-in."""
+
+    name: str
+    source: str
+
+    @staticmethod
+    def parse(spec: str) -> ModelSource:
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not source:
+            raise user_error("--model", f"expected NAME=SOURCE, got {spec!r}")
+        return ModelSource(name, source)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """HTTP surface.
+
+    Attributes:
+        host, port: where uvicorn listens.
+        data_dir: SQLite database, checkpoints and built-in models live here.
+        models: catalogue names and their sources.
+        open_access: accept any ``tml-`` key, one tenant per distinct key.
+        long_poll_s: how long retrieve_future holds a pending request.
+        future_ttl_s: how long an unfetched result is kept.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: str = "./loraplex-data"
+    models: tuple[ModelSource, ...] = (ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),)
+    open_access: bool = False
+    long_poll_s: float = 25.0
+    future_ttl_s: float = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class LoraplexConfig:
+    """The aggregate the CLI builds; components never see it whole."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+
+def from_mapping(cls: type[T], values: Mapping[str, Any], where: str) -> T:
+    """Build a config dataclass from a mapping, refusing unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise user_error(where, f"unknown keys {unknown}; known: {sorted(names)}")
+    return cls(**values)
+
+
+def env_overrides(prefix: str = "LORAPLEX_") -> dict[str, str]:
+    """``LORAPLEX_*`` environment variables, the only place the environment is read."""
+    return {k[len(prefix):].lower(): v for k, v in os.environ.items() if k.startswith(prefix)}

@@ -1,0 +1,84 @@
+"""Identifiers the Tinker SDK computes or parses: model ids, sampling session ids, tinker:// paths.
+
+The SDK derives a model id as ``{session_id}:train:{model_seq_id}`` itself (create-via-load), and
+parses checkpoint paths as exactly three ``/``-separated parts after ``tinker://``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from loraplex.errors import user_error
+
+CheckpointKind = Literal["weights", "sampler_weights", "external_weights"]
+CHECKPOINT_KINDS: tuple[CheckpointKind, ...] = ("weights", "sampler_weights", "external_weights")
+CHECKPOINT_TYPE_OF_KIND = {"weights": "training", "sampler_weights": "sampler",
+                           "external_weights": "external"}
+TINKER_SCHEME = "tinker://"
+
+
+def model_id(session_id: str, model_seq_id: int) -> str:
+    """The training-run id the SDK expects for the ``model_seq_id``-th model of a session."""
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def sampling_session_id(session_id: str, sampling_session_seq_id: int) -> str:
+    """Production-style sampling session id."""
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+def session_of(run_or_sampler_id: str) -> str:
+    """The session id a ``{sid}:train:{n}`` or ``{sid}:sample:{n}`` id belongs to."""
+    head, sep, _ = run_or_sampler_id.rpartition(":")
+    session, sep2, _ = head.rpartition(":")
+    if not sep or not sep2:
+        raise user_error("model_id", f"malformed id {run_or_sampler_id!r}")
+    return session
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    """``tinker://{run_id}/{kind}/{name}``; ``run_id`` is the training model id."""
+
+    run_id: str
+    kind: CheckpointKind
+    name: str
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    @property
+    def checkpoint_type(self) -> str:
+        return CHECKPOINT_TYPE_OF_KIND[self.kind]
+
+    def __str__(self) -> str:
+        return f"{TINKER_SCHEME}{self.run_id}/{self.kind}/{self.name}"
+
+    @staticmethod
+    def parse(path: str, field: str = "path") -> TinkerPath:
+        """Parse like the SDK does; raise a user error naming `field` otherwise."""
+        if not isinstance(path, str) or not path.startswith(TINKER_SCHEME):
+            raise user_error(field, f"expected a tinker:// path, got {path!r}")
+        parts = path[len(TINKER_SCHEME):].split("/")
+        if len(parts) != 3 or not all(parts):
+            raise user_error(field, f"expected tinker://<run_id>/<kind>/<name>, got {path!r}")
+        run_id, kind, name = parts
+        if kind not in CHECKPOINT_KINDS:
+            raise user_error(field, f"unknown checkpoint kind {kind!r} in {path!r}")
+        return TinkerPath(run_id, kind, name)
+
+    @staticmethod
+    def from_checkpoint_id(run_id: str, checkpoint_id: str) -> TinkerPath:
+        """Build from a REST ``{run_id}`` + ``{kind}/{name}`` pair."""
+        return TinkerPath.parse(f"{TINKER_SCHEME}{run_id}/{checkpoint_id}", "checkpoint_id")
+
+
+def validate_checkpoint_name(name: str, field: str = "path") -> str:
+    """Checkpoint names become path components: no slashes, no dot-dot, not empty."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
+        raise user_error(field, f"invalid checkpoint name {name!r} (no '/', not empty)")
+    if len(name) > 200:
+        raise user_error(field, "checkpoint name longer than 200 characters")
+    return name

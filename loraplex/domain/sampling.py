@@ -1,0 +1,101 @@
+"""Sampling requests and results, shaped like Tinker's SamplingParams and SampleResponse."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Literal
+
+from loraplex.errors import user_error
+
+StopReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class StopCondition:
+    """When a sequence stops, besides ``max_tokens``.
+
+    Attributes:
+        strings: stop when the detokenized completion contains any of these.
+        token_ids: stop when one of these tokens is sampled (it is kept in the output).
+        use_eos: also stop on the model's EOS tokens (the SDK's ``stop=None`` default).
+    """
+
+    strings: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    use_eos: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Tinker's SamplingParams after decoding.
+
+    Attributes:
+        max_tokens: completion budget (None: the server default, bounded by the context).
+        temperature: 0 means greedy.
+        top_k: keep the k most likely tokens; -1 (or 0) disables.
+        top_p: nucleus mass in (0, 1].
+        seed: same seed → same tokens; None draws a fresh seed.
+        stop: stop strings / token ids / EOS.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: StopCondition = StopCondition()
+
+    def validate(self, field: str = "sampling_params") -> SamplingParams:
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 0
+        ):
+            raise user_error(f"{field}.max_tokens", f"must be ≥ 0, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise user_error(f"{field}.temperature", f"must be ≥ 0, got {self.temperature!r}")
+        if not (0 < self.top_p <= 1):
+            raise user_error(f"{field}.top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise user_error(f"{field}.top_k", f"must be -1 (off) or ≥ 0, got {self.top_k!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class TopkLogprobs:
+    """k alternatives per position: ``token_ids``/``logprobs`` flat, row-major ``[length, k]``.
+
+    Empty slots carry the SDK's sentinel (token 0, logprob -99999.0).
+    """
+
+    k: int
+    length: int
+    token_ids: array  # typecode "i"
+    logprobs: array  # typecode "f"
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    """One completion: tokens, the logprob of each under the sampling adapter, why it stopped."""
+
+    tokens: array  # typecode "i"
+    logprobs: array  # typecode "f"
+    stop_reason: StopReason
+    topk_logprobs: TopkLogprobs | None = None
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """Everything one sample request returns.
+
+    Attributes:
+        sequences: ``num_samples`` completions, in request order.
+        prompt_logprobs: per prompt token, NaN at index 0 and at unscored positions.
+        topk_prompt_logprobs: alternatives per prompt position, when asked.
+        prompt_cache_hit_tokens: prompt tokens whose KV came from the prefix cache.
+    """
+
+    sequences: tuple[SampledSequence, ...]
+    prompt_logprobs: array | None = None
+    topk_prompt_logprobs: TopkLogprobs | None = None
+    prompt_cache_hit_tokens: int = 0

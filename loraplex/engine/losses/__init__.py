@@ -1,0 +1,1 @@
+"""Tinker losses, one small pure function per file, looked up through `registry`."""

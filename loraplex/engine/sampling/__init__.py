@@ -1,0 +1,1 @@
+"""Sampling: paged KV cache with prefix sharing, logits processing, continuous-batching sampler."""

@@ -1,0 +1,61 @@
+"""The one exception hierarchy of loraplex.
+
+Raised low (engine, store, scheduler), mapped to HTTP statuses and Tinker future failures in
+exactly one place: `loraplex.api.errors`. Nothing here knows about HTTP codes.
+"""
+
+from __future__ import annotations
+
+
+class LoraplexError(Exception):
+    """Base of every error loraplex raises on purpose.
+
+    Attributes:
+        message: human-readable text; for user errors it names the offending field.
+        field: dotted path of the offending input (e.g. ``data[3].loss_fn_inputs.weights``).
+    """
+
+    category = "server"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(LoraplexError):
+    """The request is wrong (bad field, unknown loss, out-of-vocab token, ...). Nothing changed."""
+
+    category = "user"
+
+
+class NotFoundError(UserError):
+    """The object does not exist, or belongs to another tenant (indistinguishable on purpose)."""
+
+
+class AuthError(UserError):
+    """Missing or unknown API key."""
+
+
+class ConflictError(UserError):
+    """The object already exists (e.g. a checkpoint name without ``overwrite``)."""
+
+
+class CapacityError(LoraplexError):
+    """A tenant is over its in-flight budget; the client should back off and retry."""
+
+    category = "server"
+
+
+class ServerError(LoraplexError):
+    """An internal failure; the HTTP layer attaches an error id and never a stack trace."""
+
+    category = "server"
+
+
+def user_error(field: str, problem: str) -> UserError:
+    """Build a `UserError` whose message starts with the field it is about."""
+    return UserError(f"{field}: {problem}", field=field)

@@ -1,0 +1,75 @@
+"""The import layering of ../shared/STYLE.md §2, enforced by parsing every module's imports.
+
+api → scheduler → (executor protocol) ← engine; store, cost → domain; domain → stdlib.
+`errors` and `config` are leaves every layer may use. torch stays inside `engine` (and `cli`,
+the composition root).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "loraplex"
+
+LEAVES = {"errors", "config"}
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "config": {"errors"},
+    "domain": {"errors"},
+    "cost": {"domain", "errors"},
+    "store": {"domain", "errors", "config"},
+    "engine": {"domain", "errors", "config"},
+    "scheduler": {"store", "cost", "domain", "errors", "config"},
+    "api": {"scheduler", "store", "cost", "domain", "errors", "config"},
+    "cli": {"api", "scheduler", "store", "cost", "engine", "domain", "errors", "config"},
+    "__init__": set(),
+    "__main__": {"cli"},
+}
+TORCH_FREE = {"errors", "config", "domain", "cost", "store", "scheduler", "api"}
+HEAVY = ("torch", "transformers", "peft", "safetensors")
+
+
+def _layer_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise AssertionError(f"{path}:{node.lineno}: relative import; use absolute imports")
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_imports_point_down_only(path: Path) -> None:
+    layer = _layer_of(path)
+    assert layer in ALLOWED, f"{path}: new top-level layer {layer!r}; add it to ALLOWED"
+    for lineno, module in _imports(path):
+        parts = module.split(".")
+        if parts[0] == "loraplex" and len(parts) > 1:
+            target = parts[1]
+            if target != layer:
+                assert target in ALLOWED[layer], (
+                    f"{path}:{lineno}: {layer} must not import loraplex.{target}"
+                )
+        if layer in TORCH_FREE:
+            assert parts[0] not in HEAVY, f"{path}:{lineno}: {layer} must not import {module}"
+
+
+def test_every_layer_has_a_package_docstring() -> None:
+    for init in PACKAGE.glob("*/__init__.py"):
+        tree = ast.parse(init.read_text())
+        assert ast.get_docstring(tree), f"{init} needs a docstring saying what the layer owns"
