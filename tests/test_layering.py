@@ -24,11 +24,12 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"domain", "errors", "config"},
     "scheduler": {"store", "cost", "domain", "errors", "config"},
     "api": {"scheduler", "store", "cost", "domain", "errors", "config"},
-    "cli": {"api", "scheduler", "store", "cost", "engine", "domain", "errors", "config"},
+    "demo": set(),
+    "cli": {"api", "scheduler", "store", "cost", "engine", "demo", "domain", "errors", "config"},
     "__init__": set(),
     "__main__": {"cli"},
 }
-TORCH_FREE = {"errors", "config", "domain", "cost", "store", "scheduler", "api"}
+TORCH_FREE = {"errors", "config", "domain", "cost", "store", "scheduler", "api", "demo"}
 HEAVY = ("torch", "transformers", "peft", "safetensors")
 
 
