@@ -1,0 +1,49 @@
+"""The loss registry: Tinker ``loss_fn`` name → `LossSpec`. Unknown names are user errors.
+
+``custom`` (Tinker's flag-gated server-side uploaded losses) is not offered; clients use
+``forward_backward_custom``, which reaches the server as ``cross_entropy`` with weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from loraplex.engine.losses import (
+    cispo,
+    cross_entropy,
+    dro,
+    gspo,
+    importance_sampling,
+    ppo,
+    stable_reinforce,
+)
+from loraplex.engine.losses.loss_spec import LossSpec
+from loraplex.errors import user_error
+
+LOSSES: Mapping[str, LossSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            cross_entropy.SPEC,
+            importance_sampling.SPEC,
+            ppo.SPEC,
+            cispo.SPEC,
+            dro.SPEC,
+            gspo.SPEC,
+            stable_reinforce.SPEC,
+        )
+    }
+)
+
+
+def get_loss(name: str) -> LossSpec:
+    """The spec registered under ``name``.
+
+    Raises:
+        UserError: (field ``loss_fn``) for an unknown name, listing the known ones.
+    """
+    spec = LOSSES.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise user_error("loss_fn", f"unknown loss {name!r}; known losses: {', '.join(LOSSES)}")
+    return spec
