@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.model_cmd",
+    "loraplex.cli.cost_cmd",
 )
 
 

@@ -12,6 +12,8 @@ regression test of the calculator, not evidence for the numbers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from loraplex.cost.workloads import (
     Calibration,
@@ -117,3 +119,61 @@ def get_preset(name: str, calibration: Calibration = "seed-calibrated") -> Scena
         base, workload=override(base.workload, workload_fit, "workload"),
         self_host=override(base.self_host, setup_fit, "self_host"),
         calibration="seed-calibrated", notes=(*base.notes, note))
+
+
+SECTIONS = ("workload", "self_host", "tinker", "tinker_cached")
+
+
+def build_scenario(preset: str | None, calibration: Calibration,
+                   sections: Mapping[str, Mapping[str, Any] | bool]) -> Scenario:
+    """A preset (or, without one, a workload given in full) with fields overridden.
+
+    Args:
+        preset: base preset name, or None to build the workload from ``sections["workload"]``
+            alone (every field without a default must then be given).
+        calibration: of the base preset.
+        sections: ``workload``, ``self_host``, ``tinker``, ``tinker_cached`` → field values;
+            ``tinker_cached = False`` drops the prefix-caching bill, a mapping adds or changes it.
+
+    Raises:
+        UserError: unknown section or field, bad value, or an incomplete custom workload.
+    """
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise user_error("config", f"unknown sections {unknown}; known: {list(SECTIONS)}")
+
+    def section(name: str) -> Mapping[str, Any]:
+        value = sections.get(name, {})
+        if not isinstance(value, Mapping):
+            raise user_error(name, "expected a table of field = value")
+        return value
+
+    if preset is not None:
+        base = get_preset(preset, calibration)
+        workload = override(base.workload, section("workload"), "workload")
+    else:
+        base = Scenario(_custom_workload(section("workload")), SelfHostSetup(), TinkerSetup(),
+                        calibration="physical", notes=("custom workload",))
+        workload = base.workload
+    cached_spec = sections.get("tinker_cached", True)
+    cached = base.tinker_cached
+    if cached_spec is False:
+        cached = None
+    elif cached_spec is not True:
+        cached = override(cached or SEED_PREFIX_CACHING, section("tinker_cached"),
+                          "tinker_cached")
+    return dataclasses.replace(
+        base, workload=workload,
+        self_host=override(base.self_host, section("self_host"), "self_host"),
+        tinker=override(base.tinker, section("tinker"), "tinker"), tinker_cached=cached)
+
+
+def _custom_workload(values: Mapping[str, Any]) -> Workload:
+    required = [f.name for f in dataclasses.fields(Workload)
+                if f.default is dataclasses.MISSING]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise user_error("workload", f"without a preset, the workload needs {missing}")
+    template = Workload(name="custom", model="", steps=1, groups_per_step=1, group_size=1,
+                        prompt_tokens=0, sample_tokens_per_turn=0)
+    return override(template, values, "workload")
