@@ -20,8 +20,10 @@ import argparse
 import dataclasses
 import json
 import re
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loraplex.cost.calculator import Comparison, compare
 from loraplex.cost.presets import PRESET_NAMES, SECTIONS, build_scenario
@@ -45,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="cost_command", required=True)
 
     cmp = verbs.add_parser("compare", help="both bills of one workload, winner and factor",
-                           description=__doc__,
+                           description=__doc__, usage="loraplex cost compare [--workload NAME] "
+                           "[--calibration C] [--config FILE.toml] [--FIELD VALUE ...] "
+                           "[--plot FILE.png] [--json]",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("--workload", choices=PRESET_NAMES, help="preset to start from")
     cmp.add_argument("--calibration", choices=_CALIBRATIONS, help="default: seed-calibrated")
@@ -54,10 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp.add_argument("--json", action="store_true", help="print JSON instead of tables")
     for section, (cls, prefix) in _SECTION_CLASSES.items():
         group = cmp.add_argument_group(f"[{section}] fields")
-        helps = _attribute_help(cls)
+        helps, hints = _attribute_help(cls), typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             group.add_argument(f"--{prefix}{f.name.replace('_', '-')}", dest=f"{section}.{f.name}",
-                               default=argparse.SUPPRESS, metavar=f.name.upper(),
+                               default=argparse.SUPPRESS, metavar=_metavar(hints[f.name]),
                                help=helps.get(f.name, ""))
     cmp.set_defaults(func=_run_compare)
 
@@ -67,6 +71,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     table.add_argument("--calibration", choices=_CALIBRATIONS, default="seed-calibrated")
     table.add_argument("--json", action="store_true", help="print a JSON list of rows")
     table.set_defaults(func=_run_table)
+
+
+def _metavar(hint: Any) -> str:
+    """``{a,b}`` for choices, ``N`` for integers, ``X`` for reals, ``TEXT`` otherwise."""
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if is_union else [hint]
+    if typing.get_origin(args[0]) is Literal:
+        return "{" + ",".join(typing.get_args(args[0])) + "}"
+    names = {bool: "{true,false}", int: "N", float: "X"}
+    return names.get(args[0], "TEXT") + ("|none" if is_union else "")
 
 
 def _attribute_help(cls: type) -> dict[str, str]:

@@ -191,8 +191,9 @@ def self_hosted_cost(workload: Workload, setup: SelfHostSetup) -> SelfHostedResu
                             activation_checkpointing=setup.activation_checkpointing)
     disaggregated = setup.mode == "disaggregated"
     trainer_gpus = setup.trainer_gpus if disaggregated and setup.trainer_gpus else layout.num_gpus
-    if not disaggregated:
-        require_training_fits(card, method, layout, hardware, setup.memory_fraction)
+    trainer_layout = layout if not disaggregated else ReplicaLayout(
+        trainer_gpus, 1, trainer_gpus, card.weight_bytes(bpp), 0.0)
+    require_training_fits(card, method, trainer_layout, hardware, setup.memory_fraction)
     rollouts = workload.rollouts_per_step
     prefill = prefill_flops_per_rollout(card, workload, setup, method) * rollouts
     decode_w = decode_kv = 0.0

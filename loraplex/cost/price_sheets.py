@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
-from loraplex.cost.pricing import ModelPrice, PriceSheet
+from collections.abc import Mapping
+from typing import Any
+
+from loraplex.cost.pricing import BILLING_MODES, ModelPrice, PriceSheet
 from loraplex.errors import user_error
 
 
@@ -107,3 +110,49 @@ def get_price_sheet(name: str) -> PriceSheet:
     if sheet is None:
         raise user_error("price_sheet", f"unknown sheet {name!r}; known: {sorted(PRICE_SHEETS)}")
     return sheet
+
+
+_SHEET_KEYS = {"base", "name", "effective", "billing_mode", "cached_prefill_ratio",
+               "storage_usd_per_gb_month", "prices"}
+
+
+def price_sheet_from_mapping(values: Mapping[str, Any], where: str = "price_sheet") -> PriceSheet:
+    """A price sheet from a config table (e.g. a server's ``[pricing]`` TOML section).
+
+    Keys: ``base`` (a dated sheet to start from), ``name``, ``effective``, ``billing_mode``,
+    ``cached_prefill_ratio``, ``storage_usd_per_gb_month`` and ``prices`` (model →
+    ``{prefill, sample, train}`` in USD per 1M tokens, added to or replacing the base's).
+
+    Raises:
+        UserError: unknown keys, a bad mode or ratio, or a price that is missing or negative.
+    """
+    unknown = sorted(set(values) - _SHEET_KEYS)
+    if unknown:
+        raise user_error(where, f"unknown keys {unknown}; known: {sorted(_SHEET_KEYS)}")
+    base = get_price_sheet(values["base"]) if "base" in values else None
+    prices = dict(base.prices) if base else {}
+    for model, rates in dict(values.get("prices", {})).items():
+        prices[model] = _model_price(rates, f"{where}.prices.{model}")
+    mode = values.get("billing_mode", base.billing_mode if base else "per_rollout")
+    if mode not in BILLING_MODES:
+        raise user_error(f"{where}.billing_mode", f"expected one of {BILLING_MODES}")
+    ratio = float(values.get("cached_prefill_ratio", base.cached_prefill_ratio if base else 1.0))
+    if not 0.0 <= ratio <= 1.0:
+        raise user_error(f"{where}.cached_prefill_ratio", "must be in [0, 1]")
+    storage = values.get("storage_usd_per_gb_month",
+                         base.storage_usd_per_gb_month if base else None)
+    return PriceSheet(
+        name=str(values.get("name", f"custom ({base.name})" if base else "custom")),
+        effective=str(values.get("effective", base.effective if base else "")),
+        prices=prices, billing_mode=mode, cached_prefill_ratio=ratio,
+        storage_usd_per_gb_month=None if storage is None else float(storage),
+        source=f"configured{f' from {base.name}' if base else ''}")
+
+
+def _model_price(rates: Any, where: str) -> ModelPrice:
+    if not isinstance(rates, Mapping) or set(rates) != {"prefill", "sample", "train"}:
+        raise user_error(where, "expected {prefill, sample, train} in USD per 1M tokens")
+    values = {k: float(v) for k, v in rates.items()}
+    if min(values.values()) < 0:
+        raise user_error(where, "prices must be ≥ 0")
+    return ModelPrice(**values)

@@ -9,8 +9,8 @@ Two billing modes, both priced from the same `TokenUsage`:
   group's shared prompt after its first sample, a turn's history) are billed at
   ``cached_prefill_ratio × prefill``.
 
-Usage is what a server meters (or what `loraplex.cost.tokens` derives from a workload); this
-module only multiplies. No I/O.
+Usage is what a server meters, or what `calculator.tinker_rollout_usage` derives from a
+workload; this module only multiplies. No I/O.
 """
 
 from __future__ import annotations

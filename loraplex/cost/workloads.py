@@ -36,7 +36,8 @@ class Workload:
         name: preset name.
         model: model card name (HF repo id).
         steps: RL steps (optimizer updates).
-        groups_per_step, group_size: prompts per step and rollouts per prompt (G).
+        groups_per_step: prompts per step.
+        group_size: rollouts per prompt (G).
         turns: model turns per rollout.
         prompt_tokens: initial prompt length.
         sample_tokens_per_turn: generated tokens per turn (the cap, if rollouts hit it).
@@ -101,7 +102,9 @@ class SelfHostSetup:
         prefix_cache_hit_rate: share of a turn's history found in the KV cache (turn > 1).
         share_group_prompt: the group's prompt is prefilled once for its G rollouts.
         fixed_seconds_per_step: weight sync, optimizer and bookkeeping per step.
-        mode, async_steps: execution (see `loraplex.cost.step`).
+        mode: ``sync``, ``async`` (co-located; training fills environment gaps) or
+            ``disaggregated`` (separate rollout and trainer pools); see `loraplex.cost.step`.
+        async_steps: k, how many policy versions a rollout may lag (async, disaggregated).
         trainer_gpus: trainer pool size (disaggregated only).
         training: ``lora`` or ``full``.
         lora_rank: adapter rank (LoRA only).
@@ -150,7 +153,7 @@ class TinkerSetup:
     Attributes:
         price_sheet: dated sheet name.
         tinker_model: the sheet's model name; None: the workload's model.
-        billing_mode: None: the sheet's own.
+        billing_mode: ``per_rollout`` or ``cache_aware``; None: the sheet's own.
         cache_hits: which prompt tokens count as prefix-cache hits — ``none``; ``hit_rate``
             (that share of every prompt); ``new_tokens`` (all but never-seen tokens: the group
             prompt once per group, and observations).

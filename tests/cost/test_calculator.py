@@ -104,3 +104,17 @@ def test_winner_and_factor() -> None:
     c = compare(scenario)
     assert c.winner == "tinker"
     assert c.factor == pytest.approx(c.self_hosted.total_usd / c.tinker.total_usd)
+
+
+def test_disaggregated_pools_pay_for_both() -> None:
+    scenario = get_preset("swe_rl")
+    setup = dataclasses.replace(scenario.self_host, mode="disaggregated", num_gpus=8,
+                                trainer_gpus=4)
+    result = self_hosted_cost(scenario.workload, setup)
+    colocated = self_hosted_cost(scenario.workload, scenario.self_host)
+    assert result.step.num_gpus == 12
+    # The trainer pool has half the GPUs: training takes twice as long.
+    assert result.phases.train_s == pytest.approx(2 * colocated.phases.train_s)
+    assert result.phases.rollout_s == pytest.approx(colocated.phases.rollout_s)
+    assert result.total_usd == pytest.approx(
+        result.step.wall_s * 12 * 200 * 2.69 / 3600)

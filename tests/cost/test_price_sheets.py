@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.cost.price_sheets import PRICE_SHEETS, get_price_sheet
+from loraplex.cost.price_sheets import PRICE_SHEETS, get_price_sheet, price_sheet_from_mapping
+from loraplex.cost.pricing import ModelPrice
 from loraplex.errors import UserError
 
 
@@ -36,3 +37,24 @@ def test_sheets_are_dated_and_sourced() -> None:
 def test_unknown_sheet() -> None:
     with pytest.raises(UserError, match="tinker-2026-01-05"):
         get_price_sheet("tinker-1999")
+
+
+def test_configured_sheet_extends_a_dated_one() -> None:
+    sheet = price_sheet_from_mapping({
+        "base": "tinker-2026-01-05", "billing_mode": "cache_aware", "cached_prefill_ratio": 0.2,
+        "prices": {"my/model": {"prefill": 1, "sample": 2, "train": 3}}})
+    assert sheet.price_for("my/model") == ModelPrice(1.0, 2.0, 3.0)
+    assert sheet.price_for("Qwen/Qwen3-8B").prefill == 0.13
+    assert (sheet.billing_mode, sheet.cached_prefill_ratio) == ("cache_aware", 0.2)
+    assert sheet.storage_usd_per_gb_month is None and "tinker-2026-01-05" in sheet.source
+
+
+def test_configured_sheet_validation() -> None:
+    with pytest.raises(UserError, match="unknown keys"):
+        price_sheet_from_mapping({"discount": 1})
+    with pytest.raises(UserError, match="billing_mode"):
+        price_sheet_from_mapping({"billing_mode": "monthly"})
+    with pytest.raises(UserError, match=r"prices\.m"):
+        price_sheet_from_mapping({"prices": {"m": {"prefill": 1}}})
+    with pytest.raises(UserError, match="≥ 0"):
+        price_sheet_from_mapping({"prices": {"m": {"prefill": -1, "sample": 1, "train": 1}}})

@@ -78,9 +78,8 @@ class ModelCard:
         moe: set for mixture-of-experts MLPs.
         sliding_window, num_sliding_layers: layers attending to a bounded window (gpt-oss).
         weight_bytes_per_param: bytes per weight of the published checkpoint (2 bf16, 1 fp8).
-        source: which public config the numbers are copied from.
-        published_total_params, published_active_params: the model card's headline numbers,
-            kept to check the derived counts against.
+        source: which public config the numbers are copied from (the publishers' headline
+            parameter counts are checked in tests/cost/cards/test_model_cards.py).
     """
 
     name: str
@@ -98,8 +97,6 @@ class ModelCard:
     num_sliding_layers: int = 0
     weight_bytes_per_param: float = 2.0
     source: str = ""
-    published_total_params: float | None = None
-    published_active_params: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "head_dim", "vocab_size"):
