@@ -10,6 +10,7 @@ use (``mask``, ``weights`` for RL losses, ...) are ignored, as Tinker does.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -166,8 +167,9 @@ def checked_input(
     return values
 
 
-def as_array(data: object, dtype: str) -> np.ndarray:
-    return np.frombuffer(data, dtype=NUMPY_DTYPE[dtype])  # type: ignore[call-overload]
+def as_array(data: array, dtype: str) -> np.ndarray:
+    """A numpy view of an ``array`` (a converted copy if its typecode is not ``dtype``'s)."""
+    return np.asarray(memoryview(data)).astype(NUMPY_DTYPE[dtype], copy=False)
 
 
 def check_token_range(field: str, tokens: np.ndarray, vocab_size: int) -> None:
