@@ -17,11 +17,14 @@ class ForwardBackwardResult:
         logprobs: per datum, float32 ``log p(target_i | tokens[:i+1])``.
         elementwise_loss: per datum, float32 per-token loss.
         metrics: ``name:reduction`` keys (``loss:sum`` always present).
+        logprobs_trailing_shape: per-position shape of `logprobs` beyond ``[N]``: ``(K,)`` for
+            top-K cross-entropy targets ``[N, K]``, ``()`` otherwise.
     """
 
     logprobs: tuple[array, ...]
     elementwise_loss: tuple[array, ...]
     metrics: Mapping[str, float]
+    logprobs_trailing_shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
