@@ -1,2 +1,6 @@
-"""Persistence: SQLite metadata (keys, sessions, models, checkpoints, futures, usage, recorded
-sequences) and the checkpoint file layout under the data dir. No torch, no HTTP."""
+"""Persistence: SQLite (WAL) metadata for keys, sessions, training runs, checkpoints, sampling
+sessions, futures and recorded sequences, plus the checkpoint directories under the data dir.
+
+Knows domain types and the filesystem; knows nothing of HTTP, scheduling or tensors (the
+executor writes checkpoint files into directories allocated here).
+"""
