@@ -60,6 +60,9 @@ class SchedulerConfig:
         quantum_tokens: deficit round-robin quantum per tenant per round.
         timeslice: naive mode, one model per cycle (the multiplexing baseline).
         decode_steps_per_cycle: sampler decode steps between training batches when both wait.
+        max_sampler_snapshots_per_model: newest ephemeral sampler snapshots kept in engine
+            memory per training run (older sampling sessions of that run stop working).
+        max_checkpoint_samplers: checkpoint-backed sampler adapters kept loaded (LRU).
     """
 
     token_budget: int = 16384
@@ -67,6 +70,8 @@ class SchedulerConfig:
     quantum_tokens: int = 2048
     timeslice: bool = False
     decode_steps_per_cycle: int = 8
+    max_sampler_snapshots_per_model: int = 4
+    max_checkpoint_samplers: int = 16
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,12 @@ class ServerConfig:
         open_access: accept any ``tml-`` key, one tenant per distinct key.
         long_poll_s: how long retrieve_future holds a pending request.
         future_ttl_s: how long an unfetched result is kept.
+        client_config: extra ``/client/config`` flags sent to every SDK (e.g.
+            ``fwdbwd_max_chunk_len``, ``parallel_fwdbwd_chunks``; tinker-api.md §3.1).
+        session_idle_timeout_s: a session without heartbeats this long has its training runs'
+            adapters released from engine memory (their records and checkpoints stay).
+        housekeeping_interval_s: how often TTLs are enforced and stale results dropped.
+        download_url_ttl_s: lifetime of signed checkpoint-download URLs.
     """
 
     host: str = "127.0.0.1"
@@ -104,6 +115,10 @@ class ServerConfig:
     open_access: bool = False
     long_poll_s: float = 25.0
     future_ttl_s: float = 24 * 3600.0
+    client_config: Mapping[str, Any] = field(default_factory=dict)
+    session_idle_timeout_s: float = 3600.0
+    housekeeping_interval_s: float = 60.0
+    download_url_ttl_s: float = 3600.0
 
 
 @dataclass(frozen=True)

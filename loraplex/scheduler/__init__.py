@@ -1,6 +1,8 @@
 """Scheduling: per-model queues in seq_id order, clock cycles that pack many tenants' work into
-shared engine batches, fairness and admission, and the future store.
+shared engine batches, fairness and admission, sampler-adapter residency, and the future store.
 
 Pure Python: never imports torch or the engine; it reaches the engine only through the
-`BatchExecutor` protocol in `executor.py`.
+`BatchExecutor` protocol in `executor.py`. Flow: `ops` (what the API submits) → `scheduler`
+(queues, `plan`, `complete`) → `runner` (the engine call) → `effects` (store updates) →
+`futures` (what retrieve_future reads); `clock` drives it on a dedicated thread.
 """

@@ -1,0 +1,86 @@
+"""Which sampler adapter versions live in the engine, who is using them, and which to drop.
+
+Versions are created by ephemeral ``save_weights_for_sampler`` (snapshots, kept per training
+run up to a cap; ``inflight`` keeps only the latest) and loaded lazily from checkpoint
+directories (kept in LRU order up to a cap). A version a running sample still uses is never
+dropped: eviction marks it doomed and `take_releasable` hands it out once its last user finishes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, defaultdict
+
+
+class AdapterResidency:
+    """Bookkeeping only; the scheduler turns `take_releasable` into engine deletes.
+
+    Args:
+        max_snapshots_per_model: newest snapshot versions kept per training run.
+        max_checkpoint_adapters: checkpoint-backed sampler adapters kept loaded.
+    """
+
+    def __init__(self, max_snapshots_per_model: int, max_checkpoint_adapters: int) -> None:
+        self.max_snapshots_per_model = max(1, max_snapshots_per_model)
+        self.max_checkpoint_adapters = max(1, max_checkpoint_adapters)
+        self._snapshots: dict[str, list[str]] = defaultdict(list)
+        self._inflight: dict[str, str] = {}
+        self._checkpoints: OrderedDict[str, None] = OrderedDict()
+        self._live: set[str] = set()
+        self._refs: Counter[str] = Counter()
+        self._doomed: set[str] = set()
+
+    def add_snapshot(self, model_id: str, adapter_id: str, *, inflight: bool) -> None:
+        self._live.add(adapter_id)
+        if inflight:
+            old = self._inflight.get(model_id)
+            self._inflight[model_id] = adapter_id
+            if old is not None:
+                self._doom(old)
+            return
+        versions = self._snapshots[model_id]
+        versions.append(adapter_id)
+        while len(versions) > self.max_snapshots_per_model:
+            self._doom(versions.pop(0))
+
+    def current_inflight(self, model_id: str) -> str | None:
+        return self._inflight.get(model_id)
+
+    def is_live(self, adapter_id: str) -> bool:
+        return adapter_id in self._live
+
+    def use_checkpoint(self, adapter_id: str) -> None:
+        """A sample is about to use a checkpoint-backed adapter (the engine loads it lazily)."""
+        self._live.add(adapter_id)
+        self._doomed.discard(adapter_id)
+        self._checkpoints[adapter_id] = None
+        self._checkpoints.move_to_end(adapter_id)
+        while len(self._checkpoints) > self.max_checkpoint_adapters:
+            oldest, _ = self._checkpoints.popitem(last=False)
+            self._doom(oldest)
+
+    def acquire(self, adapter_id: str) -> None:
+        self._refs[adapter_id] += 1
+
+    def release(self, adapter_id: str) -> None:
+        self._refs[adapter_id] -= 1
+        if self._refs[adapter_id] <= 0:
+            del self._refs[adapter_id]
+
+    def drop_model(self, model_id: str) -> None:
+        """Forget every sampler version derived from a training run being released."""
+        for adapter_id in self._snapshots.pop(model_id, []):
+            self._doom(adapter_id)
+        inflight = self._inflight.pop(model_id, None)
+        if inflight is not None:
+            self._doom(inflight)
+
+    def take_releasable(self) -> list[str]:
+        """Doomed versions no running sample uses any more (removed from the bookkeeping)."""
+        ready = sorted(a for a in self._doomed if self._refs[a] <= 0)
+        self._doomed.difference_update(ready)
+        return ready
+
+    def _doom(self, adapter_id: str) -> None:
+        self._live.discard(adapter_id)
+        self._checkpoints.pop(adapter_id, None)
+        self._doomed.add(adapter_id)
