@@ -1,0 +1,131 @@
+"""`LoraAdapter`: one adapter's trainable tensors at their exact rank, plus naming and init.
+
+Per target one leaf pair ``a_L_R_I`` (``[layers, rank, d_in]``) and ``b_L_O_R``
+(``[layers, d_out, rank]``), fp32, ``requires_grad``; gradients accumulate in their ``.grad``
+until the optimizer frees them. ``named_parameters`` is the stable order the optimizer and
+checkpoint IO use; ``peft_state_dict`` splits layers into PEFT keys
+(``base_model.model.<module>.lora_A.weight`` of shape ``(r, d_in)``, ``lora_B`` ``(d_out, r)``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.domain.lora import LoraConfig
+from loraplex.engine.lora.targets import peft_key, target_shape, targets_of
+from loraplex.engine.model.spec import ModelSpec
+from loraplex.errors import user_error
+
+
+@dataclass
+class LoraWeights:
+    """One target across all its layers."""
+
+    a_L_R_I: torch.Tensor
+    b_L_O_R: torch.Tensor
+
+
+@dataclass
+class LoraAdapter:
+    """An adapter: its config and one `LoraWeights` per trained target (canonical order)."""
+
+    config: LoraConfig
+    weights: dict[str, LoraWeights]
+
+    @staticmethod
+    def create(spec: ModelSpec, config: LoraConfig, device: torch.device | str = "cpu"
+               ) -> LoraAdapter:
+        """A fresh adapter: A ~ U(±1/√d_in) (PEFT's kaiming-uniform), B = 0.
+
+        A is drawn on CPU from a generator seeded with ``config.seed`` (random when None),
+        target by target and layer by layer, so the same seed gives the same adapter on any
+        device.
+        """
+        seed = config.seed if config.seed is not None else secrets.randbits(63)
+        gen = torch.Generator().manual_seed(seed)
+        weights = {}
+        for target in targets_of(config):
+            shape = target_shape(spec, target)
+            bound = 1.0 / shape.d_in ** 0.5
+            a = (torch.rand(shape.num_layers, config.rank, shape.d_in, generator=gen) * 2 - 1)
+            weights[target] = LoraWeights(
+                (a * bound).to(device).requires_grad_(),
+                torch.zeros(shape.num_layers, shape.d_out, config.rank,
+                            device=device).requires_grad_(),
+            )
+        return LoraAdapter(config, weights)
+
+    @property
+    def rank(self) -> int:
+        return self.config.rank
+
+    @property
+    def scale(self) -> float:
+        return self.config.scale
+
+    def named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """``(name, leaf)`` in a stable order: ``<target>.lora_A``, ``<target>.lora_B``, ..."""
+        out = []
+        for target, w in self.weights.items():
+            out += [(f"{target}.lora_A", w.a_L_R_I), (f"{target}.lora_B", w.b_L_O_R)]
+        return out
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for _, p in self.named_parameters()]
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def nbytes(self) -> int:
+        """Bytes of parameters and of any gradients currently held."""
+        total = 0
+        for p in self.parameters():
+            total += p.numel() * p.element_size()
+            if p.grad is not None:
+                total += p.grad.numel() * p.grad.element_size()
+        return total
+
+    def free_grads(self) -> None:
+        """Drop gradients (set to None) so persistent memory is parameters (+ moments) only."""
+        for p in self.parameters():
+            p.grad = None
+
+    def frozen_copy(self) -> LoraAdapter:
+        """A detached copy (no grad): a sampler version that later training cannot change."""
+        return LoraAdapter(self.config, {
+            t: LoraWeights(w.a_L_R_I.detach().clone(), w.b_L_O_R.detach().clone())
+            for t, w in self.weights.items()
+        })
+
+    def peft_state_dict(self) -> dict[str, torch.Tensor]:
+        """PEFT-named per-layer tensors (fresh, contiguous CPU copies)."""
+        state = {}
+        for target, w in self.weights.items():
+            for layer in range(w.a_L_R_I.shape[0]):
+                state[peft_key(target, layer, "A")] = w.a_L_R_I[layer].detach().cpu().clone()
+                state[peft_key(target, layer, "B")] = w.b_L_O_R[layer].detach().cpu().clone()
+        return state
+
+    def load_peft_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy PEFT-named tensors into this adapter's leaves (shapes must match exactly).
+
+        Raises:
+            UserError: a key is missing or has the wrong shape.
+        """
+        with torch.no_grad():
+            for target, w in self.weights.items():
+                for layer in range(w.a_L_R_I.shape[0]):
+                    for which, dst in (("A", w.a_L_R_I[layer]), ("B", w.b_L_O_R[layer])):
+                        key = peft_key(target, layer, which)
+                        if key not in state:
+                            raise user_error("adapter_weights", f"missing {key}")
+                        src = state[key]
+                        if tuple(src.shape) != tuple(dst.shape):
+                            raise user_error("adapter_weights", f"{key} has shape "
+                                             f"{tuple(src.shape)}, expected {tuple(dst.shape)}")
+                        dst.copy_(src)

@@ -1,0 +1,92 @@
+"""Reading and writing base-model weights as Hugging Face safetensors (single file or sharded).
+
+Loads ``model.safetensors``, or every shard named by ``model.safetensors.index.json``, or any
+``*.safetensors`` in the directory; converts to the compute dtype on the target device one
+tensor at a time (a bf16 checkpoint never exists twice in fp32). Writes what
+``save_pretrained`` writes, so ``transformers`` loads our built-in models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.weights import BaseWeights, expected_names, from_hf_state
+from loraplex.errors import user_error
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+#: Tensors some checkpoints carry that the model recomputes (old Llama exports).
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def shard_files(model_dir: Path) -> list[Path]:
+    """The safetensors files holding the weights, in a stable order."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise user_error("model", f"{model_dir}: no *.safetensors weights")
+    return files
+
+
+def load_weights(
+    model_dir: str | Path, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+) -> BaseWeights:
+    """Read every tensor the spec needs; missing or unexpected tensors are errors.
+
+    Raises:
+        UserError: missing/unexpected tensor names or wrong shapes (the message names them).
+    """
+    model_dir = Path(model_dir)
+    wanted = expected_names(spec)
+    tensors: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for path in shard_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                if name not in wanted:
+                    tied_head = name == "lm_head.weight" and spec.tie_word_embeddings
+                    if not tied_head and not name.endswith(IGNORED_SUFFIXES):
+                        unexpected.append(name)
+                    continue
+                tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    missing = sorted(wanted - set(tensors))
+    if missing or unexpected:
+        raise user_error("model", f"{model_dir}: checkpoint does not match config.json "
+                                  f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    weights = from_hf_state(spec, tensors)
+    _check_shapes(spec, weights)
+    return weights
+
+
+def save_weights(model_dir: str | Path, spec: ModelSpec, weights: BaseWeights) -> Path:
+    """Write ``model.safetensors`` with HF names (metadata ``format=pt`` as HF expects)."""
+    path = Path(model_dir) / SINGLE_FILE
+    state = {name: t.detach().contiguous().cpu() for name, t in weights.named_tensors(spec)}
+    save_file(state, str(path), metadata={"format": "pt"})
+    return path
+
+
+def _check_shapes(spec: ModelSpec, weights: BaseWeights) -> None:
+    d, v = spec.hidden_size, spec.vocab_size
+    expected = {
+        "embed": (weights.embed, (v, d)),
+        "lm_head": (weights.lm_head, (v, d)),
+        "layers.0.q_proj": (weights.layers[0].q_proj, (spec.q_size, d)),
+        "layers.0.k_proj": (weights.layers[0].k_proj, (spec.kv_size, d)),
+        "layers.0.down_proj": (weights.layers[0].down_proj, (d, spec.intermediate_size)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise user_error("model", f"{name} has shape {tuple(tensor.shape)}, "
+                                      f"config.json implies {shape}")

@@ -1,0 +1,57 @@
+"""Turning an `EngineConfig` and a model directory into a ready `Transformer`.
+
+Resolves ``device``/``dtype`` ``auto`` (CUDA + bf16 when a GPU is present, CPU + fp32
+otherwise), parses the spec, loads the safetensors and builds the compute options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from loraplex.config import EngineConfig
+from loraplex.engine.model.checkpoint import load_weights
+from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.errors import user_error
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise user_error("engine.device", f"{name} requested but CUDA is not available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise user_error("engine.dtype", f"unknown {name!r}; known: auto, {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def compute_options(config: EngineConfig) -> ComputeOptions:
+    if config.row_multiple < 1 or config.kv_block_size % 16:
+        raise user_error("engine", "row_multiple must be ≥ 1 and kv_block_size a multiple of 16")
+    return ComputeOptions(batch_invariant=config.batch_invariant,
+                          row_multiple=config.row_multiple, kv_block_size=config.kv_block_size)
+
+
+def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Transformer:
+    """Load a HF checkpoint directory as a frozen `Transformer`.
+
+    Raises:
+        UserError: unsupported architecture, mismatching weights, unavailable device.
+    """
+    config = config or EngineConfig()
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    spec = ModelSpec.from_dir(model_dir)
+    weights = load_weights(model_dir, spec, device, dtype)
+    return Transformer(spec, weights, compute_options(config))

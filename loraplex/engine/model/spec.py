@@ -1,0 +1,225 @@
+"""`ModelSpec`: the architecture numbers of a supported base model, parsed from ``config.json``.
+
+Supports the Qwen3 dense (``Qwen3ForCausalLM``) and Llama 3 (``LlamaForCausalLM``) families, in
+both the transformers 4.x (``rope_theta`` + ``rope_scaling``) and 5.x (``rope_parameters``)
+config layouts. Anything this engine does not implement (biases, sliding windows, other RoPE
+types, other activations) is refused with an error naming the config key, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from loraplex.domain.model import ModelInfo
+from loraplex.errors import user_error
+
+Arch = Literal["qwen3", "llama"]
+ARCH_OF_CLASS: dict[str, Arch] = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+ARCH_OF_MODEL_TYPE: dict[str, Arch] = {"qwen3": "qwen3", "llama": "llama"}
+CLASS_OF_ARCH: dict[Arch, str] = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary position embedding parameters.
+
+    Attributes:
+        theta: base wavelength.
+        kind: ``default`` or ``llama3`` (frequency-dependent scaling of Llama 3.1+).
+        factor, low_freq_factor, high_freq_factor, original_max_position: llama3 scaling
+            parameters (unused for ``default``).
+    """
+
+    theta: float
+    kind: Literal["default", "llama3"] = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the transformer needs to know about a base model's shape.
+
+    Attributes:
+        arch: ``qwen3`` (q_norm/k_norm on each head) or ``llama``.
+        vocab_size, hidden_size, intermediate_size, num_layers: usual meanings.
+        num_heads, num_kv_heads, head_dim: attention shape; ``num_heads % num_kv_heads == 0``.
+        rms_norm_eps: epsilon of every RMSNorm.
+        rope: rotary embedding parameters.
+        tie_word_embeddings: the output head reuses the input embedding matrix.
+        max_position_embeddings: the model's context limit.
+        bos_token_id: beginning-of-sequence token, if any.
+        eos_token_ids: tokens that end a completion (config + generation_config).
+    """
+
+    arch: Arch
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeSpec
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        d, q, kv, ff = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
+        norms = 2 * d + (2 * self.head_dim if self.has_qk_norm else 0)
+        return d * q + 2 * d * kv + q * d + 3 * d * ff + norms
+
+    def num_params(self) -> int:
+        """All parameters, embeddings included (a tied head counted once)."""
+        embed = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return embed + head + self.num_layers * self.layer_params() + self.hidden_size
+
+    def num_non_embedding_params(self) -> int:
+        """Parameters one token's matmuls touch: the blocks plus the output head."""
+        return self.num_layers * self.layer_params() + self.vocab_size * self.hidden_size
+
+    def model_info(self, max_context: int | None = None) -> ModelInfo:
+        """The torch-free facts the rest of the system may know."""
+        return ModelInfo(
+            arch=self.arch,
+            vocab_size=self.vocab_size,
+            max_context=min(max_context or self.max_position_embeddings,
+                            self.max_position_embeddings),
+            eos_token_ids=self.eos_token_ids,
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            num_params=self.num_params(),
+            num_non_embedding_params=self.num_non_embedding_params(),
+        )
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> ModelSpec:
+        """Parse ``config.json`` (and ``generation_config.json`` for eos ids, when present)."""
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise user_error("model", f"{model_dir}: no config.json")
+        config = json.loads(path.read_text())
+        gen_path = Path(model_dir) / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        return ModelSpec.from_config(config, generation_config=gen)
+
+    @staticmethod
+    def from_config(
+        config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
+    ) -> ModelSpec:
+        """Parse a config.json mapping; unsupported features raise a UserError naming the key."""
+        arch = _arch_of(config)
+        _refuse_unsupported(config)
+        num_heads = int(config["num_attention_heads"])
+        num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
+        hidden = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden // num_heads)
+        if num_heads % num_kv_heads:
+            raise user_error("config.num_key_value_heads",
+                             f"{num_kv_heads} does not divide num_attention_heads {num_heads}")
+        max_pos = int(config.get("max_position_embeddings", 2048))
+        eos = _eos_ids(config, generation_config or {})
+        bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
+        return ModelSpec(
+            arch=arch,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope=_rope_of(config, max_pos),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=max_pos,
+            bos_token_id=int(bos) if isinstance(bos, int) else None,
+            eos_token_ids=eos,
+        )
+
+
+def _arch_of(config: Mapping[str, Any]) -> Arch:
+    for cls in config.get("architectures") or ():
+        if cls in ARCH_OF_CLASS:
+            return ARCH_OF_CLASS[cls]
+    classes = config.get("architectures")
+    if classes:
+        raise user_error("config.architectures",
+                         f"unsupported {classes}; supported: {sorted(ARCH_OF_CLASS)}")
+    model_type = config.get("model_type")
+    if model_type in ARCH_OF_MODEL_TYPE:
+        return ARCH_OF_MODEL_TYPE[model_type]
+    raise user_error("config.model_type",
+                     f"unsupported {model_type!r}; supported: {sorted(ARCH_OF_MODEL_TYPE)}")
+
+
+def _refuse_unsupported(config: Mapping[str, Any]) -> None:
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise user_error("config.hidden_act", f"only silu is supported, got {act!r}")
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
+        if config.get(key):
+            raise user_error(f"config.{key}", "is not supported by this engine")
+    if config.get("quantization_config"):
+        raise user_error("config.quantization_config", "quantized checkpoints are not supported")
+
+
+def _rope_of(config: Mapping[str, Any], max_pos: int) -> RopeSpec:
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise user_error("config.partial_rotary_factor", "partial rotary is not supported")
+    if kind == "default":
+        return RopeSpec(theta=theta)
+    if kind == "llama3":
+        return RopeSpec(
+            theta=theta,
+            kind="llama3",
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position=int(params.get("original_max_position_embeddings", max_pos)),
+        )
+    raise user_error("config.rope_parameters.rope_type",
+                     f"unsupported {kind!r}; supported: default, llama3")
+
+
+def _eos_ids(config: Mapping[str, Any], generation_config: Mapping[str, Any]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (generation_config.get("eos_token_id"), config.get("eos_token_id")):
+        values = source if isinstance(source, list) else [source]
+        ids += [int(v) for v in values if isinstance(v, int) and int(v) not in ids]
+    return tuple(ids)

@@ -1,0 +1,170 @@
+"""`Transformer`: the Qwen3 / Llama 3 decoder over packed rows, with LoRA and a paged KV cache.
+
+One forward serves training (full forward over packed sequences, keys/values written to
+out-of-place scratch pages so autograd works), sampler prefill and one-token decode (keys/values
+written in place into a `PagedKVCache`, then attended by the same kernel). Usage::
+
+    batch = model.pack([SequenceInput(tokens, "adapter-1"), ...])
+    lora = bank.stack(batch, rank_multiple=model.rank_multiple, dtype=model.dtype)
+    hidden_R_D = model.forward(batch, lora)      # or kv=cache for the sampler
+    logprobs_R = model.token_logprobs(hidden_R_D, targets_R, lora)
+
+Holds frozen base weights only; adapters arrive as data (`LoraBatch`). Knows nothing about
+losses, optimizers, block allocation or tenants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.engine.lora.lora_batch import LoraBatch
+from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
+from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
+from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
+from loraplex.engine.model.rope import RopeTable, apply_rope
+from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.weights import BaseWeights, LayerWeights
+from loraplex.errors import user_error
+
+ATTENTION_TILE = 16
+
+
+@dataclass(frozen=True)
+class ComputeOptions:
+    """How the forward computes (a slice of `EngineConfig`, resolved).
+
+    Attributes:
+        batch_invariant: pad rows/ranks and use the tiled paged attention (bitwise results
+            independent of the batch); False: compact rows and SDPA.
+        row_multiple: row and rank padding in batch-invariant mode.
+        kv_block_size: keys per attention block and cache page.
+    """
+
+    batch_invariant: bool = True
+    row_multiple: int = 16
+    kv_block_size: int = 64
+
+    @property
+    def effective_row_multiple(self) -> int:
+        return self.row_multiple if self.batch_invariant else 1
+
+
+class Transformer:
+    """A frozen base model on one device, in one compute dtype."""
+
+    def __init__(self, spec: ModelSpec, weights: BaseWeights, options: ComputeOptions) -> None:
+        self.spec = spec
+        self.weights = weights
+        self.options = options
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
+
+    @property
+    def rank_multiple(self) -> int:
+        """LoRA rank padding `AdapterBank.stack` must use (16 in batch-invariant mode)."""
+        return self.options.effective_row_multiple
+
+    def pack(self, seqs: Sequence[SequenceInput]) -> PackedBatch:
+        """`pack_sequences` with this model's layout options."""
+        return pack_sequences(seqs, row_multiple=self.options.effective_row_multiple,
+                              block_size=self.options.kv_block_size, tile_size=ATTENTION_TILE,
+                              device=self.device)
+
+    def forward(self, batch: PackedBatch, lora: LoraBatch | None = None,
+                kv: PagedKVCache | None = None) -> torch.Tensor:
+        """Final-norm hidden states ``[rows, hidden]`` of every row of ``batch``.
+
+        Args:
+            batch: from `pack`; with ``kv`` its sequences carry block tables.
+            lora: the stacked adapters of the batch's segments (None: base model only).
+            kv: the sampler's cache; new keys/values are written into it in place. None for a
+                training forward (scratch pages, differentiable).
+        """
+        if (kv is None) != (batch.num_scratch_blocks is not None):
+            raise user_error("kv", "pass a cache exactly when the batch has block tables")
+        if lora is not None and lora.num_rows != batch.num_lora_rows:
+            raise user_error("lora", "LoraBatch does not match the batch's adapter segments")
+        x_R_D = self.weights.embed[batch.tokens_R]
+        cos, sin = self.rope.lookup(batch.positions_R)
+        for i, layer in enumerate(self.weights.layers):
+            h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
+            x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
+            h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)
+            x_R_D = x_R_D + self._mlp(i, layer, h_R_D, lora)
+        return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
+
+    def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
+        return _linear(hidden_R_D, self.weights.lm_head, lora, "unembed", 0)
+
+    def token_logprobs(self, hidden_R_D: torch.Tensor, targets_R: torch.Tensor,
+                       lora: LoraBatch | None = None) -> torch.Tensor:
+        """fp32 ``log p(target)`` per row: row-local log_softmax over the vocab."""
+        return token_logprobs(self.logits(hidden_R_D, lora), targets_R)
+
+    def _attention(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
+                   kv: PagedKVCache | None) -> torch.Tensor:
+        spec, rows = self.spec, h_R_D.shape[0]
+        q = _linear(h_R_D, layer.q_proj, lora, "q_proj", i).view(rows, spec.num_heads, -1)
+        k = _linear(h_R_D, layer.k_proj, lora, "k_proj", i).view(rows, spec.num_kv_heads, -1)
+        v = _linear(h_R_D, layer.v_proj, lora, "v_proj", i).view(rows, spec.num_kv_heads, -1)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
+        q = apply_rope(q, cos, sin) * spec.head_dim ** -0.5
+        k = apply_rope(k, cos, sin)
+        k_new, v_new = k[batch.write_rows_W], v[batch.write_rows_W]
+        if kv is None:
+            assert batch.num_scratch_blocks is not None
+            k_pages = scratch_pages(batch.num_scratch_blocks, batch.block_size,
+                                    batch.write_block_W, batch.write_offset_W, k_new)
+            v_pages = scratch_pages(batch.num_scratch_blocks, batch.block_size,
+                                    batch.write_block_W, batch.write_offset_W, v_new)
+        else:
+            kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
+            k_pages, v_pages = kv.k[i], kv.v[i]
+        if self.options.batch_invariant:
+            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, spec.num_kv_heads)
+        else:
+            out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)
+        return _linear(out, layer.o_proj, lora, "o_proj", i)
+
+    def _mlp(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor,
+             lora: LoraBatch | None) -> torch.Tensor:
+        gate = _linear(h_R_D, layer.gate_proj, lora, "gate_proj", i)
+        up = _linear(h_R_D, layer.up_proj, lora, "up_proj", i)
+        return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)
+
+
+def _linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, lora: LoraBatch | None, target: str,
+            layer: int) -> torch.Tensor:
+    """Base linear on all rows, plus the LoRA delta on the adapter rows (out of place)."""
+    y_R_O = F.linear(x_R_I, w_O_I)
+    if lora is None:
+        return y_R_O
+    n = lora.num_rows
+    delta_N_O = lora.delta(target, layer, x_R_I[:n])
+    if delta_N_O is None:
+        return y_R_O
+    # In place is autograd-safe: the matmul producing y saves its inputs, not y.
+    y_R_O[:n] += delta_N_O
+    return y_R_O
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm: normalise in fp32 over the last dim (row-local), scale in the input dtype."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def token_logprobs(logits_R_V: torch.Tensor, targets_R: torch.Tensor) -> torch.Tensor:
+    """fp32 log-probability of each row's target under a row-local log_softmax."""
+    logprobs_R_V = torch.log_softmax(logits_R_V.to(torch.float32), dim=-1)
+    return logprobs_R_V.gather(1, targets_R[:, None]).squeeze(1)

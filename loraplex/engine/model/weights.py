@@ -1,0 +1,155 @@
+"""`BaseWeights`: the frozen tensors of a base model, and their Hugging Face parameter names.
+
+One `LayerWeights` per decoder block. Linear weights keep the HF ``(out, in)`` layout so
+``F.linear(x, w)`` applies them. A tied model's ``lm_head`` is the embedding tensor itself
+(same storage). Knows nothing about files; `checkpoint` reads and writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+
+import torch
+
+from loraplex.engine.model.spec import ModelSpec
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HF_MODULE_OF_LINEAR = {
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+    "down_proj": "mlp.down_proj",
+}
+HF_NAME_OF_NORM = {
+    "input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+    "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+}
+
+
+@dataclass
+class LayerWeights:
+    """One decoder block. ``q_norm``/``k_norm`` exist for Qwen3 only."""
+
+    input_norm: torch.Tensor
+    q_proj: torch.Tensor
+    k_proj: torch.Tensor
+    v_proj: torch.Tensor
+    o_proj: torch.Tensor
+    post_attn_norm: torch.Tensor
+    gate_proj: torch.Tensor
+    up_proj: torch.Tensor
+    down_proj: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+    def linear(self, name: str) -> torch.Tensor:
+        weight: torch.Tensor = getattr(self, name)
+        return weight
+
+
+@dataclass
+class BaseWeights:
+    """All frozen tensors of a base model (never require grad)."""
+
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+    def named_tensors(self, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF state-dict names and tensors; a tied head is not listed (HF omits it too)."""
+        yield "model.embed_tokens.weight", self.embed
+        for i, layer in enumerate(self.layers):
+            for f in fields(LayerWeights):
+                tensor = getattr(layer, f.name)
+                if tensor is not None:
+                    yield f"model.layers.{i}.{_hf_suffix(f.name)}.weight", tensor
+        yield "model.norm.weight", self.final_norm
+        if not spec.tie_word_embeddings:
+            yield "lm_head.weight", self.lm_head
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> BaseWeights:
+        """A copy on ``device`` in ``dtype`` (tying preserved)."""
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype).contiguous()
+
+        embed = move(self.embed)
+        tied = self.lm_head is self.embed
+        layers = []
+        for lw in self.layers:
+            values = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
+            layers.append(LayerWeights(**{k: None if t is None else move(t)  # type: ignore[arg-type]
+                                          for k, t in values.items()}))
+        return BaseWeights(embed, layers, move(self.final_norm),
+                           embed if tied else move(self.lm_head))
+
+
+def hf_module_path(layer: int, linear: str) -> str:
+    """``model.layers.{i}.self_attn.q_proj``-style module path of a linear."""
+    return f"model.layers.{layer}.{HF_MODULE_OF_LINEAR[linear]}"
+
+
+def _hf_suffix(field_name: str) -> str:
+    return HF_MODULE_OF_LINEAR.get(field_name) or HF_NAME_OF_NORM[field_name]
+
+
+def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeights:
+    """Assemble `BaseWeights` from HF-named tensors (already on device and in dtype).
+
+    Raises:
+        KeyError: a required tensor is missing (the caller turns it into a user error).
+    """
+    layers = []
+    for i in range(spec.num_layers):
+        values: dict[str, torch.Tensor | None] = {}
+        for f in fields(LayerWeights):
+            if f.name in ("q_norm", "k_norm") and not spec.has_qk_norm:
+                values[f.name] = None
+                continue
+            values[f.name] = tensors[f"model.layers.{i}.{_hf_suffix(f.name)}.weight"]
+        layers.append(LayerWeights(**values))  # type: ignore[arg-type]
+    embed = tensors["model.embed_tokens.weight"]
+    head = embed if spec.tie_word_embeddings else tensors["lm_head.weight"]
+    return BaseWeights(embed, layers, tensors["model.norm.weight"], head)
+
+
+def expected_names(spec: ModelSpec) -> set[str]:
+    """HF names a checkpoint of this spec must contain."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not spec.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(spec.num_layers):
+        for f in fields(LayerWeights):
+            if f.name in ("q_norm", "k_norm") and not spec.has_qk_norm:
+                continue
+            names.add(f"model.layers.{i}.{_hf_suffix(f.name)}.weight")
+    return names
+
+
+def random_weights(spec: ModelSpec, seed: int, std: float = 0.02) -> BaseWeights:
+    """Seeded random fp32 weights on CPU (norm weights 1): the built-in models' init."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    d, ff = spec.hidden_size, spec.intermediate_size
+    layers = [
+        LayerWeights(
+            input_norm=torch.ones(d),
+            q_proj=normal(spec.q_size, d),
+            k_proj=normal(spec.kv_size, d),
+            v_proj=normal(spec.kv_size, d),
+            o_proj=normal(d, spec.q_size),
+            post_attn_norm=torch.ones(d),
+            gate_proj=normal(ff, d),
+            up_proj=normal(ff, d),
+            down_proj=normal(d, ff),
+            q_norm=torch.ones(spec.head_dim) if spec.has_qk_norm else None,
+            k_norm=torch.ones(spec.head_dim) if spec.has_qk_norm else None,
+        )
+        for _ in range(spec.num_layers)
+    ]
+    embed = normal(spec.vocab_size, d)
+    head = embed if spec.tie_word_embeddings else normal(spec.vocab_size, d)
+    return BaseWeights(embed, layers, torch.ones(d), head)
