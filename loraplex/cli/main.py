@@ -14,6 +14,8 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.model_cmd",
     "loraplex.cli.cost_cmd",
+    "loraplex.cli.serve_cmd",
+    "loraplex.cli.keys_cmd",
 )
 
 

@@ -1,0 +1,54 @@
+"""The app factory: one FastAPI app per `ServerContext`, no module-level state.
+
+Startup removes checkpoint directories a crash left uncommitted, runs one upkeep round,
+starts the clock loops and the periodic upkeep; shutdown stops them. The server is ready (and
+``/api/v1/healthz`` answers) once startup is done: the models were loaded before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from loraplex.api import errors, housekeeping
+from loraplex.api.auth import KeyCache
+from loraplex.api.context import ServerContext
+from loraplex.api.routes import (
+    client,
+    downloads,
+    futures,
+    models,
+    runs,
+    sampling,
+    sessions,
+    training,
+    weights,
+)
+
+ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads)
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx.stores.checkpoints.remove_orphans()
+        await asyncio.to_thread(housekeeping.sweep, ctx)
+        ctx.catalog.start()
+        upkeep = asyncio.create_task(housekeeping.run_forever(ctx))
+        try:
+            yield
+        finally:
+            upkeep.cancel()
+            await asyncio.to_thread(ctx.catalog.stop)
+
+    app = FastAPI(title="loraplex", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ctx = ctx
+    app.state.key_cache = KeyCache()
+    errors.install(app)
+    for module in ROUTERS:
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,219 @@
+"""Protobuf codec for the two heavy paths, using the SDK's compiled messages
+(`tinker.proto.tinker_public_pb2`): forward_backward requests in, ForwardBackwardOutput and
+SampleResponse out (tinker-api.md §8).
+
+Decoding turns wire tensors into domain `Datum`s (int32 tokens → int64, bf16 → f32, CSR →
+dense) and names the offending datum and field on any malformed input. Encoding writes the
+exact layouts the SDK's ``response_conv`` reads. Numbers travel as little-endian buffers.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import zstandard
+from google.protobuf.message import DecodeError
+from tinker.proto import tinker_public_pb2 as pb
+
+from loraplex.domain.data import Datum, ProvenanceSpan, TensorData
+from loraplex.domain.results import ForwardBackwardResult
+from loraplex.domain.sampling import SampleResult, TopkLogprobs
+from loraplex.errors import user_error
+
+PROTO_CONTENT_TYPE = "application/x-protobuf"
+MAX_BODY_BYTES = 1 << 30
+
+_NP_OF_DTYPE: dict[int, np.dtype] = {
+    pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"),
+    pb.DTYPE_INT32: np.dtype("<i4"), pb.DTYPE_BFLOAT16: np.dtype("<u2"),
+}
+
+
+def decode_forward_backward(body: bytes, content_encoding: str | None
+                            ) -> pb.ForwardBackwardRequest:
+    """Parse a (possibly zstd-compressed) ForwardBackwardRequest body.
+
+    Raises:
+        UserError: the body is not valid zstd / protobuf.
+    """
+    if content_encoding and content_encoding.strip().lower() == "zstd":
+        try:
+            reader = zstandard.ZstdDecompressor().stream_reader(body)
+            body = reader.read(MAX_BODY_BYTES + 1)
+        except zstandard.ZstdError as exc:
+            raise user_error("body", f"Content-Encoding zstd but not decodable: {exc}") from None
+        if len(body) > MAX_BODY_BYTES:
+            raise user_error("body", "decompressed body larger than 1 GiB")
+    elif content_encoding and content_encoding.strip().lower() not in ("identity", ""):
+        raise user_error("Content-Encoding", f"unsupported encoding {content_encoding!r}")
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as exc:
+        raise user_error("body", f"not a ForwardBackwardRequest protobuf: {exc}") from None
+    return msg
+
+
+def loss_fn_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
+    """``loss_fn_config_v2`` (numbers and strings) merged over the legacy float map."""
+    config: dict[str, float | str] = dict(msg.loss_fn_config.items())
+    for key, value in msg.loss_fn_config_v2.items():
+        which = value.WhichOneof("value")
+        if which == "number":
+            config[key] = value.number
+        elif which == "text":
+            config[key] = value.text
+    return config
+
+
+def datums(msg: pb.ForwardBackwardRequest) -> tuple[Datum, ...]:
+    """Decode every datum; structural problems raise a UserError naming ``data[i].…``."""
+    return tuple(_datum(d, f"data[{i}]") for i, d in enumerate(msg.data))
+
+
+def _datum(d: pb.Datum, where: str) -> Datum:
+    parts = []
+    for j, chunk in enumerate(d.model_input):
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise user_error(f"{where}.model_input.chunks[{j}]",
+                             f"{kind} chunks are not supported (text only)")
+        raw = chunk.encoded_text.tokens
+        if len(raw) % 4:
+            raise user_error(f"{where}.model_input.chunks[{j}]", "tokens are not int32 bytes")
+        parts.append(np.frombuffer(raw, dtype="<i4"))
+    tokens_T = np.concatenate(parts).astype("<i8") if parts else np.zeros(0, dtype="<i8")
+    inputs = {name: tensor(t, f"{where}.loss_fn_inputs.{name}")
+              for name, t in d.loss_fn_inputs.items()}
+    return Datum(
+        tokens=_to_array("q", tokens_T),
+        loss_fn_inputs=inputs,
+        model_input_spans=spans(d.model_input_spans, f"{where}.model_input_spans"),
+        loss_fn_input_spans=spans(d.loss_fn_input_spans, f"{where}.loss_fn_input_spans"),
+    )
+
+
+def tensor(t: pb.Tensor, field: str) -> TensorData:
+    """A wire Tensor as a dense domain tensor (float32 or int64)."""
+    np_dtype = _NP_OF_DTYPE.get(t.dtype)
+    if np_dtype is None:
+        raise user_error(field, f"unsupported dtype {pb.DType.Name(t.dtype)}")
+    shape = tuple(int(s) for s in t.shape)
+    encoding = t.WhichOneof("encoding")
+    if encoding == "sparse_csr":
+        values = _frombuffer(t.sparse_csr.values, np_dtype, field)
+        dense = _densify(values, t.sparse_csr, shape, field)
+    else:
+        dense = _frombuffer(t.dense if encoding == "dense" else b"", np_dtype, field)
+        if not shape:
+            shape = (dense.size,)
+        if int(np.prod(shape)) != dense.size:
+            raise user_error(field, f"{dense.size} values do not fill shape {list(shape)}")
+    if t.dtype == pb.DTYPE_BFLOAT16:
+        dense = (dense.astype("<u4") << 16).view("<f4")
+    if dense.dtype.kind == "f":
+        return TensorData("float32", shape, _to_array("f", dense.astype("<f4")))
+    return TensorData("int64", shape, _to_array("q", dense.astype("<i8")))
+
+
+def _frombuffer(raw: bytes, dtype: np.dtype, field: str) -> np.ndarray:
+    if len(raw) % dtype.itemsize:
+        raise user_error(field, f"{len(raw)} bytes is not a whole number of {dtype} values")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _densify(values: np.ndarray, csr: pb.SparseCsr, shape: tuple[int, ...],
+             field: str) -> np.ndarray:
+    if len(shape) != 2:
+        raise user_error(field, "sparse CSR tensors need a 2-D shape")
+    crow = _frombuffer(csr.crow_indices, np.dtype("<i8"), field)
+    col = _frombuffer(csr.col_indices, np.dtype("<i8"), field)
+    rows, cols = shape
+    if (len(crow) != rows + 1 or len(col) != len(values) or crow[0] != 0
+            or crow[-1] != len(values) or np.any(np.diff(crow) < 0)
+            or (len(col) and (col.min() < 0 or col.max() >= cols))):
+        raise user_error(field, "inconsistent sparse CSR indices")
+    dense = np.zeros(shape, dtype=values.dtype)
+    row_of = np.repeat(np.arange(rows), np.diff(crow))
+    dense[row_of, col] = values
+    return dense
+
+
+def spans(raw: Sequence[pb.ProvenanceSpan], field: str) -> tuple[ProvenanceSpan, ...]:
+    out = []
+    for k, span in enumerate(raw):
+        kind = span.WhichOneof("span")
+        if kind is None:
+            raise user_error(f"{field}[{k}]", "empty provenance span")
+        body = span.prompt_tokens if kind == "prompt_tokens" else span.sampled_tokens
+        if body.offset < 0 or body.length < 0 or not body.sequence_id:
+            raise user_error(f"{field}[{k}]", "needs a sequence_id, offset ≥ 0 and length ≥ 0")
+        out.append(ProvenanceSpan("prompt" if kind == "prompt_tokens" else "sampled",
+                                  body.sequence_id, body.offset, body.length))
+    return tuple(out)
+
+
+def encode_forward_backward(result: ForwardBackwardResult) -> bytes:
+    """ForwardBackwardOutput with one ArrayRecord holding ``logprobs`` (trailing shape
+    ``[K]`` for top-K targets) and ``elementwise_loss`` (float32, per-datum byte offsets)."""
+    msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    record = msg.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(result.logprobs))
+    for name, per_datum, trailing in (
+            ("logprobs", result.logprobs, result.logprobs_trailing_shape),
+            ("elementwise_loss", result.elementwise_loss, ())):
+        if len(per_datum) != len(result.logprobs):
+            continue
+        field = record.fields[name]
+        field.dtype = pb.DTYPE_FLOAT32
+        field.trailing_shape.extend(trailing)
+        field.data = b"".join(_f32_bytes(a) for a in per_datum)
+        ends = np.cumsum([0] + [4 * len(a) for a in per_datum], dtype="<i8")
+        field.offsets = ends.tobytes()
+    _put_metrics(msg.metrics, result.metrics)
+    return msg.SerializeToString()
+
+
+def encode_sample(result: SampleResult) -> bytes:
+    """SampleResponse: tokens int32, logprobs float32 per sequence, prompt-level extras."""
+    msg = pb.SampleResponse(prompt_cache_hit_tokens=result.prompt_cache_hit_tokens)
+    for seq in result.sequences:
+        out = msg.sequences.add(
+            stop_reason=pb.STOP_REASON_STOP if seq.stop_reason == "stop" else pb.STOP_REASON_LENGTH,
+            tokens=_i32_bytes(seq.tokens), logprobs=_f32_bytes(seq.logprobs))
+        if seq.topk_logprobs is not None:
+            _put_topk(out.topk_sampled_logprobs, seq.topk_logprobs)
+    if result.prompt_logprobs is not None:
+        msg.prompt_logprobs = _f32_bytes(result.prompt_logprobs)
+    if result.topk_prompt_logprobs is not None:
+        _put_topk(msg.topk_prompt_logprobs, result.topk_prompt_logprobs)
+    return msg.SerializeToString()
+
+
+def _put_topk(out: pb.TopkLogprobs, topk: TopkLogprobs) -> None:
+    out.k, out.length = topk.k, topk.length
+    out.token_ids = _i32_bytes(topk.token_ids)
+    out.logprobs = _f32_bytes(topk.logprobs)
+
+
+def _put_metrics(out: Mapping[str, float], metrics: Mapping[str, float]) -> None:
+    for key, value in metrics.items():
+        # The SDK crashes on keys without exactly one ':' (tinker-api.md §0.6).
+        if key.count(":") != 1:
+            key = key.replace(":", "_") + ":mean"
+        out[key] = float(value)  # type: ignore[index]
+
+
+def _f32_bytes(values: array) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def _i32_bytes(values: array) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def _to_array(typecode: str, values: np.ndarray) -> array:
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values).tobytes())
+    return out

@@ -1,0 +1,144 @@
+"""Wire schemas → domain values, with the semantic checks the SDK leaves to the server.
+
+Every check names the offending field the way the client wrote it (``data[3].loss_fn_inputs
+.weights``, ``sampling_params.top_p``, ``lora_config.rank``), so a user error is actionable.
+Checks against the base model (vocabulary, context length) use its `ModelInfo`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from tinker import types as sdk
+
+from loraplex.domain.data import Datum
+from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model import ModelInfo
+from loraplex.domain.optim import AdamParams
+from loraplex.domain.sampling import SamplingParams, StopCondition
+from loraplex.errors import user_error
+
+#: Tinker's ``LossFnType`` names the engine may implement; ``custom`` needs the flag-gated
+#: server-side custom-loss upload, which this server does not offer.
+LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo",
+            "stable_reinforce")
+MIN_TTL_S = 1
+MAX_TTL_S = 10 * 365 * 24 * 3600
+MAX_NUM_SAMPLES = 1024
+
+
+def lora_config(config: sdk.LoraConfig | None, field: str = "lora_config") -> LoraConfig:
+    if config is None:
+        raise user_error(field, "required (rank, train_attn, train_mlp, train_unembed)")
+    if config.rank < 1:
+        raise user_error(f"{field}.rank", f"must be ≥ 1, got {config.rank}")
+    return LoraConfig(rank=config.rank, train_attn=config.train_attn, train_mlp=config.train_mlp,
+                      train_unembed=config.train_unembed, seed=config.seed)
+
+
+def optimizer_config(config: Any, field: str = "optimizer_config") -> dict[str, Any]:
+    """Only AdamW is implemented; other optimizer families are refused by name."""
+    if config is None:
+        return {"type": "adamw"}
+    kind = getattr(config, "type", None)
+    if kind != "adamw":
+        raise user_error(f"{field}.type", f"optimizer {kind!r} is not supported (only 'adamw')")
+    return {"type": "adamw"}
+
+
+def adam_params(params: Any, field: str = "adam_params") -> AdamParams:
+    if not isinstance(params, sdk.AdamParams):
+        kind = getattr(params, "type", type(params).__name__)
+        raise user_error("optimizer_params", f"optimizer {kind!r} is not supported (only AdamW)")
+    return AdamParams(params.learning_rate, params.beta1, params.beta2, params.eps,
+                      params.weight_decay, params.grad_clip_norm).validate(field)
+
+
+def ttl_seconds(value: int | None, field: str = "ttl_seconds") -> int | None:
+    if value is not None and not MIN_TTL_S <= value <= MAX_TTL_S:
+        raise user_error(field, f"must be between {MIN_TTL_S} s and 10 years, got {value}")
+    return value
+
+
+def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt") -> array:
+    tokens = array("q")
+    for j, chunk in enumerate(prompt.chunks):
+        if not isinstance(chunk, sdk.EncodedTextChunk):
+            raise user_error(f"{field}.chunks[{j}]",
+                             f"{getattr(chunk, 'type', 'non-text')} chunks are not supported")
+        tokens.extend(chunk.tokens)
+    if not tokens:
+        raise user_error(field, "empty prompt")
+    check_tokens(tokens, info, field)
+    return tokens
+
+
+def check_tokens(tokens: Sequence[int], info: ModelInfo, field: str) -> None:
+    """Every id in the vocabulary and the sequence within the model's context."""
+    check_vocab(tokens, info, field)
+    if len(tokens) > info.max_context:
+        raise user_error(field, f"{len(tokens)} tokens exceed the context of {info.max_context}")
+
+
+def check_vocab(tokens: Sequence[int], info: ModelInfo, field: str) -> None:
+    if not len(tokens):
+        return
+    arr = np.asarray(tokens)
+    bad = np.flatnonzero((arr < 0) | (arr >= info.vocab_size))
+    if bad.size:
+        i = int(bad[0])
+        raise user_error(f"{field}[{i}]", f"token id {int(arr[i])} outside the vocabulary "
+                         f"[0, {info.vocab_size})")
+
+
+def sampling_params(params: sdk.SamplingParams, num_samples: int,
+                    field: str = "sampling_params") -> SamplingParams:
+    """SDK ``stop``: None → EOS; ``[]`` → nothing (not even EOS); strings or token ids → those
+    plus EOS (vLLM's convention; pass ``[]`` to sample past EOS)."""
+    if not 1 <= num_samples <= MAX_NUM_SAMPLES:
+        raise user_error("num_samples", f"must be in [1, {MAX_NUM_SAMPLES}], got {num_samples}")
+    stop = params.stop
+    if stop is None:
+        condition = StopCondition()
+    elif isinstance(stop, str):
+        condition = StopCondition(strings=(stop,))
+    elif len(stop) == 0:
+        condition = StopCondition(use_eos=False)
+    elif all(isinstance(s, str) for s in stop):
+        condition = StopCondition(strings=tuple(str(s) for s in stop))
+    elif all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+        condition = StopCondition(token_ids=tuple(int(s) for s in stop))
+    else:
+        raise user_error(f"{field}.stop", "a string, a list of strings or a list of token ids")
+    return SamplingParams(max_tokens=params.max_tokens, temperature=float(params.temperature),
+                          top_k=params.top_k, top_p=float(params.top_p), seed=params.seed,
+                          stop=condition).validate(field)
+
+
+def check_datums(data: Sequence[Datum], info: ModelInfo, loss_fn: str) -> None:
+    """Structural checks every engine would make: known loss, tokens in the vocabulary and
+    context, loss inputs aligned with the tokens and finite."""
+    if loss_fn not in LOSS_FNS:
+        raise user_error("loss_fn", f"unknown loss {loss_fn!r}; known: {list(LOSS_FNS)}")
+    if not data:
+        raise user_error("data", "no datums")
+    for i, datum in enumerate(data):
+        where = f"data[{i}]"
+        if datum.length == 0:
+            raise user_error(f"{where}.model_input", "empty")
+        check_tokens(datum.tokens, info, f"{where}.model_input")
+        for name, t in datum.loss_fn_inputs.items():
+            field = f"{where}.loss_fn_inputs.{name}"
+            if not t.shape or t.shape[0] != datum.length:
+                raise user_error(field, f"shape {list(t.shape)} is not aligned with the "
+                                 f"{datum.length} model_input tokens")
+            if t.dtype == "float32":
+                bad = np.flatnonzero(~np.isfinite(np.frombuffer(t.data, dtype=np.float32)))
+                if bad.size:
+                    k = int(bad[0])
+                    raise user_error(f"{field}[{k}]", f"non-finite value {t.data[k]}")
+            elif name == "target_tokens":
+                check_vocab(t.data, info, field)

@@ -1,0 +1,112 @@
+"""The one place exceptions become HTTP responses and Tinker future failures.
+
+| raised                      | HTTP | future failure category |
+|-----------------------------|------|-------------------------|
+| NotFoundError               | 404  | user                    |
+| AuthError                   | 401  | user                    |
+| ConflictError               | 409  | user                    |
+| other UserError, bad schema | 400  | user                    |
+| CapacityError               | 429 (+ Retry-After) | server   |
+| anything else               | 500 with an error id, never a trace | server |
+
+Every 4xx carries a JSON body naming the field (an empty 400 is retried by the SDK as a proxy
+glitch, tinker-api.md §2.4). 409 is retried by the SDK's HTTP layer, so submit paths report
+conflicts as failed futures instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from loraplex.errors import (
+    AuthError,
+    CapacityError,
+    ConflictError,
+    LoraplexError,
+    NotFoundError,
+    ServerError,
+    UserError,
+    user_error,
+)
+from loraplex.scheduler.runner import server_bug
+
+
+def http_status(error: LoraplexError) -> int:
+    if isinstance(error, NotFoundError):
+        return 404
+    if isinstance(error, AuthError):
+        return 401
+    if isinstance(error, ConflictError):
+        return 409
+    if isinstance(error, UserError):
+        return 400
+    if isinstance(error, CapacityError):
+        return 429
+    return 500
+
+
+def error_body(error: LoraplexError) -> dict[str, Any]:
+    """JSON of a failed request, also the shape of a failed future (``error``, ``category``)."""
+    body: dict[str, Any] = {"error": error.message, "category": error.category,
+                            "detail": error.message}
+    if error.field is not None:
+        body["field"] = error.field
+    return body
+
+
+def failure_json(error: LoraplexError) -> dict[str, Any]:
+    """What retrieve_future answers for a failed future (tinker-api.md §4.2 row 4)."""
+    return {"error": error.message, "category": error.category}
+
+
+def error_response(error: LoraplexError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if isinstance(error, CapacityError) else None
+    return JSONResponse(error_body(error), status_code=http_status(error), headers=headers)
+
+
+def from_validation(exc: pydantic.ValidationError | RequestValidationError,
+                    prefix: str = "") -> UserError:
+    """A schema failure as a UserError naming the first offending field."""
+    errors = exc.errors()
+    if not errors:
+        return user_error(prefix or "body", "invalid request")
+    first = errors[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    field = ".".join(p for p in (prefix, loc) if p) or "body"
+    return user_error(field, str(first.get("msg", "invalid value")))
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into one of the responses above."""
+
+    @app.exception_handler(LoraplexError)
+    async def _domain(request: Request, exc: LoraplexError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(pydantic.ValidationError)
+    async def _schema(request: Request, exc: pydantic.ValidationError) -> JSONResponse:
+        return error_response(from_validation(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(from_validation(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error: LoraplexError = (NotFoundError(f"{request.url.path}: no such endpoint")
+                                if exc.status_code == 404 else UserError(str(exc.detail)))
+        return JSONResponse(error_body(error), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(server_bug(exc, f"{request.method} {request.url.path}"))
+
+
+__all__ = ["ServerError", "error_body", "error_response", "failure_json", "from_validation",
+           "http_status", "install"]

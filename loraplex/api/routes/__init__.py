@@ -1,0 +1,1 @@
+"""One module per Tinker resource; each exposes ``router`` (mounted under ``/api/v1``)."""

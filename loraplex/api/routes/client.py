@@ -1,0 +1,45 @@
+"""Bootstrap and liveness: client config (mandatory for every SDK), dynamic config, telemetry,
+server capabilities and healthz (tinker-api.md §3, §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from tinker import types as sdk
+
+from loraplex.api.auth import Tenant
+from loraplex.api.context import ctx_of
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/client/config")
+async def client_config(request: Request) -> dict[str, Any]:
+    """All defaults, plus the server's overrides (chunk sizes, ordering, transport)."""
+    return dict(ctx_of(request).config.client_config)
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config() -> dict[str, Any]:
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
+@router.post("/telemetry")
+async def telemetry() -> dict[str, str]:
+    """Accepted and dropped: the server keeps no client telemetry."""
+    return {"status": "accepted"}
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(request: Request, tenant: Tenant) -> dict[str, Any]:
+    models = [sdk.SupportedModel(model_name=m.name, max_context_length=m.info.max_context,
+                                 trainable=True, sampleable=True)
+              for m in ctx_of(request).catalog]
+    return sdk.GetServerCapabilitiesResponse(supported_models=models).model_dump(
+        mode="json", exclude_none=True)

@@ -1,0 +1,149 @@
+"""REST views of training runs and their checkpoints: list/get runs, list/delete/publish/
+unpublish/ttl checkpoints, the user-wide checkpoint list (tinker-api.md §5, §5.6).
+
+A checkpoint id is ``{kind}/{name}``, so routes take it as two path segments. Owners see and
+change everything of theirs; other tenants see only published checkpoints (and the runs that
+have one, with ``access_scope=accessible``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from loraplex.api import convert, schemas
+from loraplex.api.access import owned_checkpoint
+from loraplex.api.auth import Tenant
+from loraplex.api.context import ServerContext, ctx_of
+from loraplex.domain.ids import TinkerPath
+from loraplex.errors import NotFoundError, user_error
+from loraplex.store.checkpoints import CheckpointRecord
+from loraplex.store.runs import TrainingRunRecord
+
+router = APIRouter(prefix="/api/v1")
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def checkpoint_json(c: CheckpointRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "checkpoint_id": c.path.checkpoint_id, "checkpoint_type": c.path.checkpoint_type,
+        "time": iso(c.created_at), "tinker_path": str(c.path), "size_bytes": c.size_bytes,
+        "public": c.public, "training_run_id": c.path.run_id,
+        "user_metadata": dict(c.user_metadata) or None, "expires_at": iso(c.expires_at),
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def run_json(ctx: ServerContext, run: TrainingRunRecord, tenant: str) -> dict[str, Any]:
+    visible = [c for c in ctx.stores.checkpoints.list_for_run(run.model_id)
+               if c.readable_by(tenant)]
+    latest = {kind: max((c for c in visible if c.path.kind == kind),
+                        key=lambda c: c.created_at, default=None)
+              for kind in ("weights", "sampler_weights")}
+    out: dict[str, Any] = {
+        "training_run_id": run.model_id, "base_model": run.base_model,
+        "model_owner": run.tenant, "is_lora": True, "corrupted": False,
+        "lora_rank": run.lora.rank, "last_request_time": iso(run.last_request_time),
+        "user_metadata": {str(k): str(v) for k, v in run.user_metadata.items()},
+    }
+    if latest["weights"] is not None:
+        out["last_checkpoint"] = checkpoint_json(latest["weights"])
+    if latest["sampler_weights"] is not None:
+        out["last_sampler_checkpoint"] = checkpoint_json(latest["sampler_weights"])
+    return out
+
+
+def _page(limit: int, offset: int) -> None:
+    if limit < 0 or offset < 0:
+        raise user_error("limit", "limit and offset must be ≥ 0")
+
+
+def _visible_run(ctx: ServerContext, run_id: str, tenant: str, accessible: bool
+                 ) -> TrainingRunRecord:
+    run = ctx.stores.runs.find(run_id)
+    if run is not None and (run.tenant == tenant or (accessible and any(
+            c.public for c in ctx.stores.checkpoints.list_for_run(run_id)))):
+        return run
+    raise NotFoundError(f"training_run_id: no training run {run_id!r}",
+                        field="training_run_id")
+
+
+@router.get("/training_runs")
+async def list_runs(request: Request, tenant: Tenant, limit: int = 20, offset: int = 0,
+                    access_scope: str = "owned") -> dict[str, Any]:
+    _page(limit, offset)
+    ctx = ctx_of(request)
+    runs, total = ctx.stores.runs.page(tenant, include_public=access_scope == "accessible",
+                                       limit=limit, offset=offset)
+    return {"training_runs": [run_json(ctx, r, tenant) for r in runs],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+
+@router.get("/training_runs/{run_id}")
+async def get_run(run_id: str, request: Request, tenant: Tenant,
+                  access_scope: str = "owned") -> dict[str, Any]:
+    ctx = ctx_of(request)
+    run = _visible_run(ctx, run_id, tenant, access_scope == "accessible")
+    return run_json(ctx, run, tenant)
+
+
+@router.get("/training_runs/{run_id}/checkpoints")
+async def list_checkpoints(run_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    ctx = ctx_of(request)
+    run = _visible_run(ctx, run_id, tenant, accessible=True)
+    records = [c for c in ctx.stores.checkpoints.list_for_run(run.model_id)
+               if c.readable_by(tenant)]
+    return {"checkpoints": [checkpoint_json(c) for c in records]}
+
+
+@router.get("/checkpoints")
+async def list_user_checkpoints(request: Request, tenant: Tenant, limit: int = 100,
+                                offset: int = 0) -> dict[str, Any]:
+    _page(limit, offset)
+    records, total = ctx_of(request).stores.checkpoints.list_for_tenant(tenant, limit, offset)
+    return {"checkpoints": [checkpoint_json(c) for c in records],
+            "cursor": {"offset": offset, "limit": limit, "total_count": total}}
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request,
+                            tenant: Tenant) -> Response:
+    ctx = ctx_of(request)
+    ctx.stores.checkpoints.delete(owned_checkpoint(ctx, tenant, run_id, kind, name))
+    return Response(status_code=204)
+
+
+@router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+async def publish(run_id: str, kind: str, name: str, request: Request,
+                  tenant: Tenant) -> Response:
+    ctx = ctx_of(request)
+    ctx.stores.checkpoints.set_public(owned_checkpoint(ctx, tenant, run_id, kind, name), True)
+    return Response(status_code=204)
+
+
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+async def unpublish(run_id: str, kind: str, name: str, request: Request,
+                    tenant: Tenant) -> Response:
+    ctx = ctx_of(request)
+    ctx.stores.checkpoints.set_public(owned_checkpoint(ctx, tenant, run_id, kind, name), False)
+    return Response(status_code=204)
+
+
+@router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+async def set_ttl(run_id: str, kind: str, name: str, request: Request,
+                  tenant: Tenant) -> Response:
+    body = schemas.parse(schemas.SetCheckpointTtlRequest, await request.body())
+    ctx = ctx_of(request)
+    record = owned_checkpoint(ctx, tenant, run_id, kind, name)
+    ctx.stores.checkpoints.set_ttl(record, convert.ttl_seconds(body.ttl_seconds))
+    return Response(status_code=204)
+
+
+__all__ = ["TinkerPath", "checkpoint_json", "iso", "router", "run_json"]

@@ -1,0 +1,117 @@
+"""Sampling: create_sampling_session (base model or a checkpoint), GET samplers/{id}, and
+asample, which answers the request id plus one ``sample_sequence_ids`` entry per sample
+(tinker-api.md §5.5). Over-limit tenants get 429, the SDK's sampling backpressure signal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from loraplex.api import convert, schemas
+from loraplex.api.access import readable_checkpoint
+from loraplex.api.auth import Tenant
+from loraplex.api.context import ServerContext, ctx_of
+from loraplex.api.submission import new_request_id
+from loraplex.domain import ids
+from loraplex.domain.work import SampleWork
+from loraplex.errors import user_error
+from loraplex.scheduler.catalog import ServedModel
+from loraplex.scheduler.ops import SampleOp, WorkItem
+from loraplex.store.samplers import SamplerRecord, new_record
+
+router = APIRouter(prefix="/api/v1")
+
+
+def checkpoint_adapter_id(directory: str) -> str:
+    """Engine id of a checkpoint-backed sampler adapter: one per checkpoint version."""
+    return f"ckpt:{directory}"
+
+
+def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
+             model_path: str | None) -> dict[str, Any]:
+    """Sampler fields for sampling ``model_path`` (a readable checkpoint) or a bare base."""
+    if model_path is not None:
+        record, run = readable_checkpoint(ctx, tenant, model_path, "model_path")
+        served = ctx.catalog.get(base_model or run.base_model, "base_model")
+        return dict(base_model=served.name, model_path=model_path, source="checkpoint",
+                    model_id=None, adapter_id=checkpoint_adapter_id(record.directory),
+                    adapter_dir=record.directory)
+    if base_model is None:
+        raise user_error("base_model", "give base_model or model_path")
+    served = ctx.catalog.get(base_model)
+    return dict(base_model=served.name, model_path=None, source="base", model_id=None,
+                adapter_id=None, adapter_dir=None)
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
+    body = schemas.parse(schemas.CreateSamplingSessionRequest, await request.body())
+    ctx = ctx_of(request)
+    ctx.stores.sessions.get(body.session_id, tenant)
+    sampler_id = ids.sampling_session_id(body.session_id, body.sampling_session_seq_id)
+    existing = ctx.stores.samplers.find(sampler_id)
+    if existing is None:
+        binding = _binding(ctx, tenant, base_model=body.base_model, model_path=body.model_path)
+        ctx.stores.samplers.insert(new_record(sampler_id=sampler_id, tenant=tenant,
+                                              session_id=body.session_id, **binding))
+    elif existing.tenant != tenant:
+        raise user_error("sampling_session_seq_id", "already used")
+    return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+
+@router.get("/samplers/{sampler_id}")
+async def get_sampler(sampler_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    record = ctx_of(request).stores.samplers.get(sampler_id, tenant, "sampler_id")
+    return {"sampler_id": record.sampler_id, "base_model": record.base_model,
+            "model_path": record.model_path}
+
+
+@router.post("/asample")
+async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
+    body = schemas.parse(schemas.SampleRequest, await request.body())
+    ctx = ctx_of(request)
+    sampler = _sampler_for(ctx, tenant, body)
+    served = ctx.catalog.get(sampler.base_model)
+    request_id = new_request_id()
+    work = _sample_work(body, served, sampler, request_id)
+    sequence_ids = tuple(f"{request_id}:{i}" for i in range(body.num_samples))
+    key = (sampler.sampler_id, body.seq_id) if body.seq_id is not None else None
+    op = SampleOp(work, sequence_ids, source=sampler.source, model_id=sampler.model_id,
+                  record_for_session=sampler.session_id if body.record_stability_info else None)
+    item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
+    admitted = served.scheduler.submit(item, sequence_ids)
+    return {"request_id": admitted.request_id,
+            "sample_sequence_ids": list(admitted.sample_sequence_ids)}
+
+
+def _sampler_for(ctx: ServerContext, tenant: str, body: schemas.SampleRequest) -> SamplerRecord:
+    if body.sampling_session_id is not None:
+        return ctx.stores.samplers.get(body.sampling_session_id, tenant)
+    binding = _binding(ctx, tenant, base_model=body.base_model, model_path=body.model_path)
+    return new_record(sampler_id="", tenant=tenant, session_id="", **binding)
+
+
+def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: SamplerRecord,
+                 request_id: str) -> SampleWork:
+    if body.target_prompt_logprobs is not None:
+        raise user_error("target_prompt_logprobs", "not supported by this server")
+    if body.prompt_alt_tokens_k:
+        raise user_error("prompt_alt_tokens_k", "not supported by this server")
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+        if getattr(body, name) < 0:
+            raise user_error(name, "must be ≥ 0")
+    prompt = convert.prompt_tokens(body.prompt, served.info)
+    last_n = body.prompt_logprobs_last_n
+    if last_n is not None and (not body.prompt_logprobs or not 1 <= last_n <= len(prompt) - 1):
+        raise user_error("prompt_logprobs_last_n",
+                         f"needs prompt_logprobs and 1 ≤ n ≤ {len(prompt) - 1}")
+    params = convert.sampling_params(body.sampling_params, body.num_samples)
+    if params.stop.token_ids:
+        convert.check_vocab(params.stop.token_ids, served.info, "sampling_params.stop")
+    return SampleWork(
+        request_id=request_id, adapter_id=sampler.adapter_id, adapter_dir=sampler.adapter_dir,
+        prompt=prompt, num_samples=body.num_samples, params=params,
+        prompt_logprobs=bool(body.prompt_logprobs),
+        topk_prompt_logprobs=body.topk_prompt_logprobs,
+        topk_sample_logprobs=body.topk_sample_logprobs, prompt_logprobs_last_n=last_n)

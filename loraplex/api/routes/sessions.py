@@ -1,0 +1,71 @@
+"""Sessions: create, heartbeat, finish (releases the session's training adapters from engine
+memory), and the REST listing (tinker-api.md §3.3-3.5, §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from loraplex.api import schemas
+from loraplex.api.auth import Tenant
+from loraplex.api.context import ServerContext, ctx_of
+from loraplex.errors import user_error
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.post("/create_session")
+async def create_session(request: Request, tenant: Tenant) -> dict[str, Any]:
+    body = schemas.parse(schemas.CreateSessionRequest, await request.body())
+    record = ctx_of(request).stores.sessions.create(
+        tenant, tags=list(body.tags), user_metadata=body.user_metadata or {},
+        sdk_version=body.sdk_version, project_id=body.project_id,
+        display_name=body.display_name)
+    return {"type": "create_session", "session_id": record.session_id}
+
+
+@router.post("/session_heartbeat")
+async def heartbeat(request: Request, tenant: Tenant) -> dict[str, str]:
+    body = schemas.parse(schemas.SessionHeartbeatRequest, await request.body())
+    ctx_of(request).stores.sessions.heartbeat(body.session_id, tenant)
+    return {"type": "session_heartbeat"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish(session_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    body = schemas.parse(schemas.SessionFinishRequest, await request.body())
+    ctx = ctx_of(request)
+    reason = str((body.reason or {}).get("type", "success"))
+    ctx.stores.sessions.finish(session_id, tenant, reason)
+    release_session(ctx, session_id)
+    return {}
+
+
+def release_session(ctx: ServerContext, session_id: str) -> None:
+    """Free the engine memory of a session's training runs (records and checkpoints stay)."""
+    for run in ctx.stores.runs.for_session(session_id):
+        for served in ctx.catalog:
+            served.scheduler.release_model(run.model_id)
+
+
+@router.get("/sessions")
+async def list_sessions(request: Request, tenant: Tenant, limit: int = 20, offset: int = 0,
+                        access_scope: str = "owned") -> dict[str, Any]:
+    if limit < 0 or offset < 0:
+        raise user_error("limit", "limit and offset must be ≥ 0")
+    records, _ = ctx_of(request).stores.sessions.page(tenant, limit, offset)
+    return {"sessions": [r.session_id for r in records]}
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, request: Request, tenant: Tenant,
+                      access_scope: str = "owned") -> dict[str, Any]:
+    stores = ctx_of(request).stores
+    record = stores.sessions.get(session_id, tenant)
+    return {
+        "training_run_ids": [r.model_id for r in stores.runs.for_session(session_id)],
+        "sampler_ids": [s.sampler_id for s in stores.samplers.for_session(session_id)],
+        "user_metadata": {str(k): str(v) for k, v in record.user_metadata.items()},
+        "display_name": record.display_name,
+    }

@@ -1,0 +1,63 @@
+"""Run the real loraplex server (real app, scheduler, stores, HTTP) on a fake executor.
+
+Used as a subprocess by the integration tests (restart persistence, SDK 0.27) and imported by
+the in-process API tests and the overhead benchmark. The only difference from `loraplex serve`
+is the executor: `ToyExecutor` (or `NoopExecutor`) instead of the torch engine, and model
+sources are not resolved (no model directory is needed).
+
+    python tests/integration/serve_fake.py --port 8123 --data-dir DIR [--open]
+        [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from loraplex.api.context import ServerContext
+from loraplex.cli.serve_cmd import build_context, serve
+from loraplex.config import (
+    DEFAULT_MODEL_NAME,
+    ModelSource,
+    SchedulerConfig,
+    ServerConfig,
+)
+from tests.fakes import NoopExecutor, ToyExecutor
+
+
+def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
+                 models: tuple[ModelSource, ...] = (ModelSource(DEFAULT_MODEL_NAME, "toy"),),
+                 client_config: Mapping[str, Any] | None = None, executor: str = "toy",
+                 **server: Any) -> ServerContext:
+    config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, models=models,
+                          open_access=open_access, client_config=dict(client_config or {}),
+                          **server)
+    make = NoopExecutor if executor == "noop" else ToyExecutor
+    return build_context(config, SchedulerConfig(), lambda _dir: make(),
+                         resolve=lambda source, d: os.path.join(d, "models", source))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--open", action="store_true")
+    parser.add_argument("--model", action="append", default=[])
+    parser.add_argument("--client-config", default="{}")
+    parser.add_argument("--executor", default="toy", choices=("toy", "noop"))
+    args = parser.parse_args()
+    models = tuple(ModelSource.parse(m) for m in args.model) or (
+        ModelSource(DEFAULT_MODEL_NAME, "toy"),)
+    ctx = fake_context(args.data_dir, port=args.port, open_access=args.open, models=models,
+                       client_config=json.loads(args.client_config), executor=args.executor)
+    serve(ctx, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
