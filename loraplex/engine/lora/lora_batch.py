@@ -59,10 +59,14 @@ def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.
                    ) -> torch.Tensor:
     """Segment ``s`` of the rows times ``w[s]ᵀ``.
 
-    ``F.grouped_mm`` runs on CPU in any float dtype (with autograd) and on CUDA in bf16; the
-    CUDA fp32 case falls back to a loop over segments (a documented slow path, never on CPU).
+    ``F.grouped_mm`` runs on CPU in fp32 (with autograd) and on CUDA in bf16, and needs row
+    strides that are multiples of 16 bytes (`stack_adapters` pads ranks accordingly). Other
+    cases (CUDA fp32, odd model dims) fall back to a loop over segments: a slow path that the
+    real models on CPU never take.
     """
-    if x_N_I.device.type == "cpu" or x_N_I.dtype == torch.bfloat16:
+    aligned = all(d * x_N_I.element_size() % 16 == 0 for d in w_S_O_I.shape[1:])
+    supported = x_N_I.device.type == "cpu" or x_N_I.dtype == torch.bfloat16
+    if aligned and supported:
         return F.grouped_mm(x_N_I, w_S_O_I.transpose(1, 2), offs=offsets_S)
     ends = offsets_S.tolist()
     starts = [0, *ends[:-1]]
@@ -78,12 +82,13 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter],
     Args:
         adapters: one adapter per segment, in row order.
         segment_row_ends: cumulative end row of each segment.
-        rank_multiple: pad the stacked rank up to a multiple of this (16 for batch invariance).
+        rank_multiple: pad the stacked rank up to a multiple of this (16 for batch invariance;
+            at least 16 bytes' worth in any case, as ``F.grouped_mm`` requires).
         dtype: compute dtype of the stacked tensors (adapter leaves stay fp32).
     """
     device = adapters[0].parameters()[0].device
     rank = max(a.rank for a in adapters)
-    rank += -rank % rank_multiple
+    rank += -rank % max(rank_multiple, 128 // torch.finfo(dtype).bits)  # 16-byte rows
     targets = {}
     for target in ALL_TARGETS:
         if not any(target in a.weights for a in adapters):
