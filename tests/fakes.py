@@ -87,6 +87,7 @@ class ToyExecutor:
         bug_token: a datum or prompt containing this token makes the whole engine call raise
             RuntimeError (simulates an engine bug); None disables.
         calls: (method, adapter ids) of every batch call, for packing assertions.
+        last_fwd_bwd: the works of the latest forward_backward call, as the engine saw them.
     """
 
     vocab_size: int = 64
@@ -95,6 +96,7 @@ class ToyExecutor:
     max_lora_rank: int = 64
     bug_token: int | None = None
     calls: list[tuple[str, tuple[str | None, ...]]] = field(default_factory=list)
+    last_fwd_bwd: tuple[ForwardBackwardWork, ...] = ()
 
     def __post_init__(self) -> None:
         v = np.arange(self.vocab_size, dtype=np.float64)
@@ -129,6 +131,7 @@ class ToyExecutor:
 
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
         self.calls.append(("forward_backward", tuple(w.adapter_id for w in works)))
+        self.last_fwd_bwd = tuple(works)
         self._check_bug(t for w in works for d in w.data for t in d.tokens)
         return [self._guard(lambda w=w: self._fwd_bwd_one(w)) for w in works]
 
