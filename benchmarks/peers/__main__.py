@@ -1,0 +1,115 @@
+"""`python -m benchmarks.peers`: measure SkyRL tx on the small model; write JSON + markdown.
+
+Installs SkyRL into its scratch venv if needed, starts it on the small-model weights, runs
+client_bench.py twice against the same server (the default mixed-length workload with sampling,
+then a uniform 8×256 batch comparable to peers.md §6), stops it, and writes
+`benchmarks/results/skyrl_peer.json` and `.md`. Extra args after `--` go to client_bench.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.peers import skyrl
+from benchmarks.peers.client import run_client
+from benchmarks.peers.small_model import ensure_small_model
+
+RESULTS_DIR = skyrl.REPO_ROOT / "benchmarks" / "results"
+UNIFORM_ARGS = ["--train-lengths", ",".join(["256"] * 8), "--skip-sample"]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model_dir = ensure_small_model(args.model_dir)
+    py = skyrl.install(args.scratch_dir)
+    started = time.time()
+    with skyrl.start(model_dir, args.port, args.scratch_dir) as server:
+        env = skyrl.server_env(args.scratch_dir)
+        mixed = run_client(py, server.base_url, server.base_model, args.client_args,
+                           server.run_dir / "mixed.json", env=env)
+        uniform = None if args.skip_uniform else run_client(
+            py, server.base_url, server.base_model, [*UNIFORM_ARGS, *args.client_args],
+            server.run_dir / "uniform.json", env=env)
+    return {
+        "peer": {"name": "skyrl", "version": skyrl.SKYRL_VERSION, "backend": "jax",
+                 "backend_config": skyrl.DEFAULT_BACKEND_CONFIG,
+                 "install": skyrl.install_record(args.scratch_dir)},
+        "model_dir": str(model_dir),
+        "model": _model_summary(model_dir),
+        "wall_s": round(time.time() - started, 1),
+        "server_log": str(server.log_path),
+        "mixed": mixed,
+        "uniform_8x256": uniform,
+    }
+
+
+def _model_summary(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    keys = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+            "tie_word_embeddings")
+    return {k: config.get(k) for k in keys}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    mixed, uniform = result["mixed"], result["uniform_8x256"]
+    train = mixed.get("train", {})
+    fan, batch = mixed.get("sample_fanout", {}), mixed.get("sample_batch", {})
+    lines = [
+        f"# SkyRL tx {result['peer']['version']} (JAX, CPU) on the small model",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} with `python -m benchmarks.peers`; official "
+        f"`tinker` SDK {mixed['sdk_version']} (the version SkyRL accepts). Model: "
+        f"`{json.dumps(result['model'])}`. Backend config: "
+        f"`{json.dumps(result['peer']['backend_config'])}`. Load average (1/5/15 min) at start "
+        f"{mixed['load_avg']['start']}, at end {mixed['load_avg']['end']}: the 2 cores are shared, "
+        "so compare only with numbers measured in the same run.",
+        "",
+        "| workload | tokens | median wall | tokens/s |",
+        "|---|---|---|---|",
+    ]
+    if train:
+        lines.append(f"| fwd_bwd + optim_step, {train['num_sequences']} seqs of lengths "
+                     f"{train['lengths']} (rank {mixed['rank']}) | {train['tokens_per_step']} | "
+                     f"{train['median_step_s']} s | **{train['tok_per_s']}** "
+                     f"(pipelined {train['pipelined']['tok_per_s']}) |")
+    if uniform and uniform.get("train"):
+        ut = uniform["train"]
+        lines.append(f"| fwd_bwd + optim_step, 8×256 (peers.md §6 shape) | "
+                     f"{ut['tokens_per_step']} | {ut['median_step_s']} s | **{ut['tok_per_s']}** "
+                     f"(pipelined {ut['pipelined']['tok_per_s']}) |")
+    for name, s in (("fan-out", fan), ("batch", batch)):
+        if s:
+            lines.append(f"| sample {name}: {s['num_prompts']} prompts × {s['prompt_len']} "
+                         f"tokens × {s['num_samples']} samples × {s['max_tokens']} new | "
+                         f"{s['gen_tokens']} | {s['median_round_s']} s | **{s['tok_per_s']}** |")
+    lines += ["", f"JIT warm-up (untimed): train steps {train.get('warmup_step_s')} s, sampling "
+              f"rounds {fan.get('warmup_round_s')} / {batch.get('warmup_round_s')} s; first "
+              f"create_lora_training_client {mixed['create_training_client_s']} s.",
+              f"Install record: `{json.dumps(result['peer']['install'])}`.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scratch-dir", default=str(skyrl.DEFAULT_SCRATCH_DIR))
+    p.add_argument("--model-dir", default=str(skyrl.REPO_ROOT / ".scratch" / "peers" / "models"
+                                              / "small"))
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--out", default=str(RESULTS_DIR / "skyrl_peer.json"))
+    p.add_argument("--skip-uniform", action="store_true")
+    p.add_argument("client_args", nargs="*", help="passed to client_bench.py (after --)")
+    args = p.parse_args()
+    result = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
