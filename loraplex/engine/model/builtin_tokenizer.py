@@ -1,0 +1,140 @@
+"""Byte-level BPE tokenizers for the built-in models, trained locally with `tokenizers`.
+
+Each family gets its real pre-tokenizer regex, special tokens (single ids, after the BPE
+vocabulary as in the real models), a chat template, and bos/eos/pad settings, saved in HF
+format so ``AutoTokenizer.from_pretrained(dir)`` and the cookbook renderers work offline.
+Reserved special tokens fill the vocabulary up to the requested size, so every model id
+decodes. Knows nothing about model weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraplex.engine.model.builtin_corpus import corpus
+
+QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+              r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA_REGEX = QWEN_REGEX.replace(r"|\p{N}|", r"|\p{N}{1,3}|")  # digits in groups of 3
+
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+LLAMA_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TokenizerFamily:
+    """What differs between the Qwen and Llama 3 tokenizers.
+
+    Attributes:
+        regex: pre-tokenizer split pattern.
+        special: special tokens (decoded away with ``skip_special_tokens``), in id order.
+        added: added non-special tokens (kept when decoding), e.g. Qwen's ``<think>``.
+        bos, eos, pad: tokenizer_config roles (None: unset).
+        generation_eos: eos ids of generation_config.json, as token strings.
+        chat_template: Jinja chat template.
+    """
+
+    regex: str
+    special: tuple[str, ...]
+    added: tuple[str, ...]
+    bos: str | None
+    eos: str
+    pad: str | None
+    generation_eos: tuple[str, ...]
+    chat_template: str
+
+
+FAMILIES = {
+    "qwen3": TokenizerFamily(
+        regex=QWEN_REGEX,
+        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        added=("<think>", "</think>"),
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        generation_eos=("<|im_end|>", "<|endoftext|>"),
+        chat_template=QWEN_CHAT_TEMPLATE,
+    ),
+    "llama": TokenizerFamily(
+        regex=LLAMA_REGEX,
+        special=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                 "<|end_header_id|>", "<|eot_id|>"),
+        added=(),
+        bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|end_of_text|>",
+        generation_eos=("<|end_of_text|>", "<|eot_id|>"),
+        chat_template=LLAMA_CHAT_TEMPLATE,
+    ),
+}
+
+
+def build_tokenizer(arch: str, vocab_size: int, seed: int, corpus_chars: int) -> object:
+    """Train the BPE and wrap it as a transformers fast tokenizer with exactly ``vocab_size``
+    ids (BPE merges, then the family's tokens, then reserved special tokens)."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    family = FAMILIES[arch]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(family.regex), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    num_family = len(family.special) + len(family.added)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - num_family, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(corpus(seed, corpus_chars), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in family.special])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added])
+    reserved = [f"<|reserved_special_token_{i}|>" for i in range(vocab_size - tok.get_vocab_size())]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
+    if family.bos is not None:
+        bos_id = tok.token_to_id(family.bos)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{family.bos} $A", pair=f"{family.bos} $A $B:1",
+            special_tokens=[(family.bos, bos_id)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=family.bos, eos_token=family.eos,
+        pad_token=family.pad, chat_template=family.chat_template,
+        clean_up_tokenization_spaces=False, model_max_length=1 << 20,
+    )
+
+
+def save_tokenizer(tokenizer: object, directory: Path) -> None:
+    """``save_pretrained``, with the class name every transformers version knows."""
+    tokenizer.save_pretrained(str(directory))  # type: ignore[attr-defined]
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def token_id(tokenizer: object, token: str) -> int:
+    ids = tokenizer.convert_tokens_to_ids([token])  # type: ignore[attr-defined]
+    return int(ids[0])
