@@ -1,0 +1,38 @@
+"""Per-model ordering: gaps are waited for, duplicates are recognised, stale ids refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from loraplex.errors import UserError
+from loraplex.scheduler.model_queue import ModelQueue
+from loraplex.scheduler.ops import Admitted
+from tests.scheduler.work_builders import fwd_bwd
+
+
+def test_out_of_order_arrivals_are_released_in_seq_order() -> None:
+    queue = ModelQueue("m", "alice", first_seq=1)
+    items = {seq: fwd_bwd("m", seq) for seq in (1, 2, 3)}
+    for seq in (2, 3):
+        queue.offer(items[seq], Admitted(items[seq].request_id))
+    assert queue.head() is None and queue.gap()
+    queue.offer(items[1], Admitted(items[1].request_id))
+    released = []
+    while (head := queue.head()) is not None:
+        assert queue.start_head() is head
+        assert queue.head() is None, "one op of a model at a time"
+        queue.finish_head()
+        released.append(head.seq_id)
+    assert released == [1, 2, 3]
+
+
+def test_duplicates_and_stale_seq_ids() -> None:
+    queue = ModelQueue("m", "alice", first_seq=1)
+    item = fwd_bwd("m", 1)
+    queue.offer(item, Admitted(item.request_id))
+    assert queue.admitted_for(1) == Admitted(item.request_id)
+    queue.start_head()
+    queue.finish_head()
+    assert queue.admitted_for(1) == Admitted(item.request_id), "remembered after it ran"
+    with pytest.raises(UserError, match="seq_id"):
+        queue.offer(fwd_bwd("m", 1), Admitted("other"))
