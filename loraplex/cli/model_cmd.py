@@ -1,0 +1,59 @@
+"""`loraplex model create-tiny | info`: built-in random models and facts about a model directory.
+
+``create-tiny DIR [--arch qwen3|llama] [--size tiny|small] [--seed N]`` writes a random model
+(HF safetensors + config.json) and a locally trained tokenizer, without network: ``tiny``
+(≤ 1M parameters) for tests, ``small`` (≈ 20M, 4 layers, hidden 512, vocab 8k) for benchmarks.
+``info DIR`` prints the model facts the server would report, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from loraplex.errors import LoraplexError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("model", help="create built-in models, inspect model dirs",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = parser.add_subparsers(dest="model_command", required=True)
+    create = verbs.add_parser("create-tiny", help="write a random built-in model + tokenizer")
+    create.add_argument("directory", metavar="DIR", help="target directory (absent or empty)")
+    create.add_argument("--arch", choices=("qwen3", "llama"), default="qwen3")
+    create.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    create.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed")
+    create.set_defaults(func=_create)
+    info = verbs.add_parser("info", help="print a model directory's facts as JSON")
+    info.add_argument("directory", metavar="DIR")
+    info.set_defaults(func=_info)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from loraplex.engine.model.builtin import create_builtin_model
+    from loraplex.engine.model.spec import ModelSpec
+
+    try:
+        path = create_builtin_model(args.directory, args.arch, args.size, args.seed)
+    except LoraplexError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    spec = ModelSpec.from_dir(path)
+    print(f"wrote {args.size} {args.arch} model ({spec.num_params():,} parameters, "
+          f"vocab {spec.vocab_size}) to {path}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from loraplex.engine.model.spec import ModelSpec
+
+    try:
+        info = ModelSpec.from_dir(args.directory).model_info()
+    except LoraplexError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(dataclasses.asdict(info), indent=2))
+    return 0
