@@ -86,8 +86,8 @@ class AdapterBank:
         Raises:
             NotFoundError: a segment names an adapter that is not resident.
         """
-        if not batch.segment_adapter_ids:
+        if batch.lora_rows is None:
             return None
-        adapters = [self.get(a) for a in batch.segment_adapter_ids]
-        return stack_adapters(self.spec, adapters, batch.segment_row_ends,
+        adapters = [self.get(a) for a in batch.lora_rows.adapter_ids]
+        return stack_adapters(self.spec, adapters, batch.lora_rows,
                               rank_multiple=rank_multiple, dtype=dtype)

@@ -1,12 +1,13 @@
 """`LoraBatch`: the adapters present in one forward, stacked per target for segment GEMMs.
 
-Rows of a `PackedBatch` are sorted by adapter into segments, so the delta of every segment is
-two grouped GEMMs (``F.grouped_mm``: shrink to rank, expand to d_out), with no Python loop over
-tenants. Adapters are zero-padded to the batch's rank ``R`` (exact zero contributions); in
-batch-invariant mode ``R`` is rounded up to a multiple of 16, because MKL's sgemm results for a
-rank-r column change when the total output width is below 16 but not above it. An adapter that
-does not train a target present in the batch contributes exact zeros there. Stacking is
-differentiable: gradients reach each adapter's own leaves through ``torch.stack``.
+Rows of a `PackedBatch` are sorted by adapter into segments (each padded, in place or via a
+gather: `LoraRows`), so the delta of every segment is two grouped GEMMs (``F.grouped_mm``:
+shrink to rank, expand to d_out), with no Python loop over tenants. Adapters are zero-padded
+to the batch's rank ``R`` (exact zero contributions); in batch-invariant mode ``R`` is rounded
+up to a multiple of 16, because MKL's sgemm results for a rank-r column change when the total
+output width is below 16 but not above it. An adapter that does not train a target present in
+the batch contributes exact zeros there. Stacking is differentiable: gradients reach each
+adapter's own leaves through ``torch.stack``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.targets import ALL_TARGETS, target_shape
+from loraplex.engine.model.packed_batch import LoraRows
 from loraplex.engine.model.spec import ModelSpec
 
 
@@ -35,24 +37,40 @@ class LoraBatch:
     """What the forward needs to add every segment's LoRA delta.
 
     Attributes:
-        offsets_S: int32 cumulative segment end rows (``F.grouped_mm`` offsets).
-        num_rows: rows covered by adapter segments (rows ``0 .. num_rows-1``).
-        scale_N_1: per-row ``alpha / rank`` of the row's adapter.
+        rows: where the segments are (`LoraRows` of the batch).
+        offsets_S: int32 cumulative segment ends in the LoRA layout (``F.grouped_mm`` offsets).
+        scale_P_1: per LoRA row ``alpha / rank`` of the row's adapter.
         targets: stacked tensors of every target some adapter in the batch trains.
     """
 
+    rows: LoraRows
     offsets_S: torch.Tensor
-    num_rows: int
-    scale_N_1: torch.Tensor
+    scale_P_1: torch.Tensor
     targets: Mapping[str, StackedTarget]
 
-    def delta(self, target: str, layer: int, x_N_I: torch.Tensor) -> torch.Tensor | None:
-        """``scale · (x Aᵀ) Bᵀ`` per segment for rows ``0 .. num_rows-1``; None if untrained."""
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+    def delta(self, target: str, layer: int, x_P_I: torch.Tensor) -> torch.Tensor | None:
+        """``scale · (x Aᵀ) Bᵀ`` per segment of LoRA-layout rows; None if no adapter trains it."""
         stacked = self.targets.get(target)
         if stacked is None:
             return None
-        h_N_R = grouped_linear(x_N_I, stacked.a_L_S_R_I[layer], self.offsets_S) * self.scale_N_1
-        return grouped_linear(h_N_R, stacked.b_L_S_O_R[layer], self.offsets_S)
+        h_P_R = grouped_linear(x_P_I, stacked.a_L_S_R_I[layer], self.offsets_S) * self.scale_P_1
+        return grouped_linear(h_P_R, stacked.b_L_S_O_R[layer], self.offsets_S)
+
+    def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
+                  ) -> torch.Tensor:
+        """``y`` plus the delta on the adapter rows (in place: the base matmul saved its inputs,
+        not ``y``, so autograd allows it)."""
+        n, gather, real = self.rows.num_rows, self.rows.gather_P, self.rows.real_P
+        x_P_I = x_R_I[:n] if gather is None else x_R_I.index_select(0, gather)
+        delta_P_O = self.delta(target, layer, x_P_I)
+        if delta_P_O is None:
+            return y_R_O
+        y_R_O[:n] += delta_P_O if real is None else delta_P_O.index_select(0, real)
+        return y_R_O
 
 
 def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor
@@ -74,14 +92,13 @@ def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.
                       enumerate(zip(starts, ends, strict=True))])
 
 
-def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter],
-                   segment_row_ends: Sequence[int], *, rank_multiple: int,
-                   dtype: torch.dtype) -> LoraBatch:
+def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraRows, *,
+                   rank_multiple: int, dtype: torch.dtype) -> LoraBatch:
     """Stack the segments' adapters (segment order) into a `LoraBatch`.
 
     Args:
-        adapters: one adapter per segment, in row order.
-        segment_row_ends: cumulative end row of each segment.
+        adapters: one adapter per segment, in segment order.
+        rows: the batch's adapter segments.
         rank_multiple: pad the stacked rank up to a multiple of this (16 for batch invariance;
             at least 16 bytes' worth in any case, as ``F.grouped_mm`` requires).
         dtype: compute dtype of the stacked tensors (adapter leaves stay fp32).
@@ -106,12 +123,12 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter],
             b_parts.append(F.pad(w.b_L_O_R, (0, pad)))
         targets[target] = StackedTarget(torch.stack(a_parts, dim=1).to(dtype),
                                         torch.stack(b_parts, dim=1).to(dtype))
-    ends = torch.tensor(list(segment_row_ends), dtype=torch.int64)
+    ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
     sizes = torch.diff(ends, prepend=ends.new_zeros(1))
     scales = torch.tensor([a.scale for a in adapters], dtype=dtype)
     return LoraBatch(
+        rows=rows,
         offsets_S=ends.to(torch.int32).to(device),
-        num_rows=int(ends[-1]),
-        scale_N_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
+        scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
         targets=targets,
     )

@@ -1,19 +1,16 @@
 """`PackedBatch`: many variable-length sequences laid out as GEMM rows and attention tiles.
 
-Built by `pack_sequences` from `SequenceInput`s (new tokens, adapter id or None, tokens
-already in the KV cache, block table). Two layouts of the same tokens:
+Built by `pack_sequences` from `SequenceInput`s (new tokens, adapter id or None, tokens already
+in the KV cache, block table). Row layout (all linears, norms, the LM head): sequences grouped
+into per-adapter segments in order of first appearance, base-model (no adapter) rows last, the
+total padded with zero rows to a multiple of ``row_multiple``; MKL sgemm gives a row the same
+bits for every row count that is a multiple of 16, wherever the row sits.
 
-* **Rows** (all linears, norms, the LM head): sequences grouped into per-adapter segments in
-  order of first appearance, base-model (no adapter) rows last; each segment padded with zero
-  rows to a multiple of ``row_multiple``. A row's GEMM results then do not depend on the
-  segment sizes around it (MKL sgemm is row-invariant for row counts that are multiples of 16).
-* **Tiles** (attention): each sequence's new positions in tiles of ``tile_size`` positions
-  aligned on absolute position (position ``p`` sits at tile row ``p % tile_size``), so a
-  decoded token occupies the same tile row as in a full forward. Tiles are sorted by the
-  number of KV blocks they attend to, descending, so the active tiles of KV block ``b`` are a
-  prefix (``active_tiles[b]``).
-
-Knows nothing about weights; refuses inconsistent cache metadata with a UserError.
+The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`). When that
+costs little (training), segments are padded in place in the row layout; when it would multiply
+the rows (decode: one row per adapter), rows stay compact and the LoRA rows are gathered into a
+padded layout and their deltas scattered back. Both give every row the same bits. Attention
+works on a `TilePlan`. Knows nothing about weights; inconsistent cache metadata is a UserError.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.model.tile_plan import TilePlan, plan_tiles
 from loraplex.errors import user_error
 
 
@@ -45,27 +43,23 @@ class SequenceInput:
 
 
 @dataclass(frozen=True)
-class TilePlan:
-    """Attention work in fixed-shape tiles.
+class LoraRows:
+    """Where adapter segments live, for the segment GEMMs (``F.grouped_mm`` offsets).
 
     Attributes:
-        rows_N_T: row index of each tile slot's query (``num_rows`` = the zero pad row).
-        limits_N_T: keys visible to each tile slot (``position + 1``; 1 for pad slots).
-        block_table_N_B: KV-cache block ids of each tile's sequence (padded with block 0).
-        active_tiles: tiles attending to KV block ``b`` (a non-increasing prefix count).
-        slot_of_row_R: each row's slot in the flattened ``[N * T]`` tile output (pad rows point
-            past the end, at an appended zero slot).
+        adapter_ids: adapters in segment order.
+        num_rows: batch rows ``0 .. num_rows-1`` belong to adapter segments.
+        segment_ends: cumulative segment ends in the LoRA layout (multiples of row_multiple).
+        gather_P: None when the LoRA layout is batch rows ``0 .. num_rows-1`` themselves
+            (segments padded in place); else the batch row of each LoRA row (pads → row 0).
+        real_P: with ``gather_P``: the LoRA rows holding real tokens, in batch-row order.
     """
 
-    rows_N_T: torch.Tensor
-    limits_N_T: torch.Tensor
-    block_table_N_B: torch.Tensor
-    active_tiles: tuple[int, ...]
-    slot_of_row_R: torch.Tensor
-
-    @property
-    def num_tiles(self) -> int:
-        return self.rows_N_T.shape[0]
+    adapter_ids: tuple[str, ...]
+    num_rows: int
+    segment_ends: tuple[int, ...]
+    gather_P: torch.Tensor | None = None
+    real_P: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +69,7 @@ class PackedBatch:
     Attributes:
         tokens_R, positions_R: ``[num_rows]`` token id and absolute position of each row.
         seq_row_start, seq_num_new, seq_num_cached: per input sequence (input order).
-        segment_adapter_ids: adapters with rows, in row order (the base segment is not listed).
-        segment_row_ends: cumulative end row of each adapter segment.
-        num_lora_rows: rows covered by adapter segments (base rows follow).
+        lora_rows: the adapter segments (None when every row is a base-model row).
         block_tables_S_B: per-sequence KV block ids (padded with 0).
         write_rows_W, write_block_W, write_offset_W: rows whose keys/values are stored, and where.
         num_scratch_blocks: blocks of the training scratch pages; None with a persistent cache.
@@ -90,9 +82,7 @@ class PackedBatch:
     seq_row_start: tuple[int, ...]
     seq_num_new: tuple[int, ...]
     seq_num_cached: tuple[int, ...]
-    segment_adapter_ids: tuple[str, ...]
-    segment_row_ends: tuple[int, ...]
-    num_lora_rows: int
+    lora_rows: LoraRows | None
     block_tables_S_B: torch.Tensor
     write_rows_W: torch.Tensor
     write_block_W: torch.Tensor
@@ -139,8 +129,8 @@ def pack_sequences(
 
     Args:
         seqs: the sequences, in the order results are wanted.
-        row_multiple: pad every adapter segment (and the base segment) to a multiple of this;
-            16 in batch-invariant mode, 1 in fast mode.
+        row_multiple: pad the rows, and every adapter segment of the LoRA layout, to a
+            multiple of this; 16 in batch-invariant mode, 1 in fast mode.
         block_size: KV positions per cache block (attention's KV block).
         tile_size: query positions per attention tile; must divide ``block_size``.
 
@@ -152,28 +142,7 @@ def pack_sequences(
     _validate(seqs, block_size)
     is_scratch = all(s.block_table is None for s in seqs)
 
-    # Row layout: adapter segments in order of first appearance, base rows last.
-    order: list[str | None] = []
-    for s in seqs:
-        if s.adapter_id not in order and s.adapter_id is not None:
-            order.append(s.adapter_id)
-    if any(s.adapter_id is None for s in seqs):
-        order.append(None)
-    row_start = [0] * len(seqs)
-    segment_ends: list[int] = []
-    tokens: list[int] = []
-    positions: list[int] = []
-    for adapter in order:
-        for i, s in enumerate(seqs):
-            if s.adapter_id == adapter:
-                row_start[i] = len(tokens)
-                tokens += list(s.tokens)
-                positions += range(s.num_cached, s.num_cached + len(s.tokens))
-        pad = -len(tokens) % row_multiple
-        tokens += [0] * pad
-        positions += [0] * pad
-        if adapter is not None:
-            segment_ends.append(len(tokens))
+    row_start, tokens, positions, lora_rows = _lay_out_rows(seqs, row_multiple, device)
     num_rows = len(tokens)
 
     # Block tables: the sequence's own, or consecutive scratch blocks.
@@ -187,7 +156,7 @@ def pack_sequences(
             tables.append(list(range(next_scratch, next_scratch + n)))
             next_scratch += n
     width = max(len(t) for t in tables)
-    block_tables = [t + [0] * (width - len(t)) for t in tables]
+    block_tables = [[*t, *[0] * (width - len(t))] for t in tables]
 
     # KV writes: every new token's row and cache slot.
     write_rows, write_block, write_offset = [], [], []
@@ -198,8 +167,6 @@ def pack_sequences(
             write_block.append(tables[i][pos // block_size])
             write_offset.append(pos % block_size)
 
-    tiles = _plan_tiles(seqs, row_start, tables, width, num_rows, block_size, tile_size)
-
     def tensor(values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
@@ -209,9 +176,7 @@ def pack_sequences(
         seq_row_start=tuple(row_start),
         seq_num_new=tuple(len(s.tokens) for s in seqs),
         seq_num_cached=tuple(s.num_cached for s in seqs),
-        segment_adapter_ids=tuple(a for a in order if a is not None),
-        segment_row_ends=tuple(segment_ends),
-        num_lora_rows=segment_ends[-1] if segment_ends else 0,
+        lora_rows=lora_rows,
         block_tables_S_B=tensor(block_tables),
         write_rows_W=tensor(write_rows),
         write_block_W=tensor(write_block),
@@ -220,9 +185,8 @@ def pack_sequences(
         block_size=block_size,
         tile_size=tile_size,
         row_multiple=row_multiple,
-        tiles=TilePlan(rows_N_T=tensor(tiles[0]), limits_N_T=tensor(tiles[1]),
-                       block_table_N_B=tensor(tiles[2]), active_tiles=tiles[3],
-                       slot_of_row_R=tensor(tiles[4])),
+        tiles=plan_tiles([s.num_cached for s in seqs], [len(s.tokens) for s in seqs],
+                         row_start, tables, num_rows, block_size, tile_size, device),
     )
 
 
@@ -249,39 +213,52 @@ def _validate(seqs: Sequence[SequenceInput], block_size: int) -> None:
                              f"{s.num_cached + len(s.tokens)} positions")
 
 
-_TileLists = tuple[list[list[int]], list[list[int]], list[list[int]], tuple[int, ...], list[int]]
+#: Pad segments in place while that adds at most this fraction of rows; else gather LoRA rows.
+MAX_IN_PLACE_PADDING = 0.125
 
 
-def _plan_tiles(seqs: Sequence[SequenceInput], row_start: list[int], tables: list[list[int]],
-                width: int, num_rows: int, block_size: int, tile_size: int) -> _TileLists:
-    """Position-aligned query tiles, sorted by KV blocks needed (descending)."""
-    found: list[tuple[int, int, int]] = []  # (num_blocks, seq, tile)
-    for i, s in enumerate(seqs):
-        first, last = s.num_cached, s.num_cached + len(s.tokens) - 1
-        for t in range(first // tile_size, last // tile_size + 1):
-            found.append(((t * tile_size) // block_size + 1, i, t))
-    found.sort(key=lambda x: -x[0])  # stable: input order within equal block counts
-    rows, limits, tables_n = [], [], []
-    slot_of_row = [-1] * num_rows
-    for n, (_, i, t) in enumerate(found):
-        s = seqs[i]
-        tile_rows, tile_limits = [], []
-        for k in range(tile_size):
-            pos = t * tile_size + k
-            j = pos - s.num_cached
-            if 0 <= j < len(s.tokens):
-                row = row_start[i] + j
-                tile_rows.append(row)
-                tile_limits.append(pos + 1)
-                slot_of_row[row] = n * tile_size + k
-            else:
-                tile_rows.append(num_rows)
-                tile_limits.append(1)
-        rows.append(tile_rows)
-        limits.append(tile_limits)
-        tables_n.append(tables[i] + [0] * (width - len(tables[i])))
-    pad_slot = len(found) * tile_size
-    slot_of_row = [pad_slot if x < 0 else x for x in slot_of_row]
-    max_blocks = found[0][0]
-    active = tuple(sum(1 for f in found if f[0] > b) for b in range(max_blocks))
-    return rows, limits, tables_n, active, slot_of_row
+def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torch.device | str
+                  ) -> tuple[list[int], list[int], list[int], LoraRows | None]:
+    """Row order (adapter segments, then base rows), row contents, and the LoRA layout."""
+    order: list[str] = []
+    for s in seqs:
+        if s.adapter_id is not None and s.adapter_id not in order:
+            order.append(s.adapter_id)
+    sizes = [sum(len(s.tokens) for s in seqs if s.adapter_id == a) for a in order]
+    num_real = sum(len(s.tokens) for s in seqs)
+    padding = sum(-n % row_multiple for n in sizes)
+    in_place = padding <= MAX_IN_PLACE_PADDING * num_real
+    row_start = [0] * len(seqs)
+    tokens: list[int] = []
+    positions: list[int] = []
+    ends: list[int] = []
+    for adapter in [*order, None]:
+        for i, s in enumerate(seqs):
+            if s.adapter_id == adapter:
+                row_start[i] = len(tokens)
+                tokens += s.tokens
+                positions += range(s.num_cached, s.num_cached + len(s.tokens))
+        if adapter is None or in_place:
+            pad = -len(tokens) % row_multiple
+            tokens += [0] * pad
+            positions += [0] * pad
+        if adapter is not None:
+            ends.append(len(tokens))
+    if not order:
+        return row_start, tokens, positions, None
+    if in_place:
+        return row_start, tokens, positions, LoraRows(tuple(order), ends[-1], tuple(ends))
+    gather: list[int] = []
+    real: list[int] = []
+    lora_ends: list[int] = []
+    for start, end in zip([0, *ends[:-1]], ends, strict=True):
+        real += range(len(gather), len(gather) + end - start)
+        gather += range(start, end)
+        gather += [0] * (-(end - start) % row_multiple)
+        lora_ends.append(len(gather))
+
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return row_start, tokens, positions, LoraRows(tuple(order), ends[-1], tuple(lora_ends),
+                                                  tensor(gather), tensor(real))

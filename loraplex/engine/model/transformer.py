@@ -87,7 +87,7 @@ class Transformer:
         """
         if (kv is None) != (batch.num_scratch_blocks is not None):
             raise user_error("kv", "pass a cache exactly when the batch has block tables")
-        if lora is not None and lora.num_rows != batch.num_lora_rows:
+        if lora is not None and lora.rows is not batch.lora_rows:
             raise user_error("lora", "LoraBatch does not match the batch's adapter segments")
         x_R_D = self.weights.embed[batch.tokens_R]
         cos, sin = self.rope.lookup(batch.positions_R)
@@ -144,17 +144,9 @@ class Transformer:
 
 def _linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, lora: LoraBatch | None, target: str,
             layer: int) -> torch.Tensor:
-    """Base linear on all rows, plus the LoRA delta on the adapter rows (out of place)."""
+    """Base linear on all rows, plus the LoRA delta on the adapter rows."""
     y_R_O = F.linear(x_R_I, w_O_I)
-    if lora is None:
-        return y_R_O
-    n = lora.num_rows
-    delta_N_O = lora.delta(target, layer, x_R_I[:n])
-    if delta_N_O is None:
-        return y_R_O
-    # In place is autograd-safe: the matmul producing y saves its inputs, not y.
-    y_R_O[:n] += delta_N_O
-    return y_R_O
+    return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
