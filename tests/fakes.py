@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -428,10 +429,15 @@ class ToyExecutor:
             return exc
 
 
+@dataclass
 class NoopExecutor(ToyExecutor):
-    """Answers at once: zero logprobs, one-token samples. Measures everything but the engine."""
+    """Answers at once (or after ``delay_s`` per engine call): zero logprobs, one-token
+    samples. Measures everything but the engine."""
+
+    delay_s: float = 0.0
 
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
+        self._wait()
         out: list[FwdBwdOutcome] = []
         for w in works:
             zeros = tuple(array("f", bytes(4 * d.length)) for d in w.data)
@@ -439,12 +445,18 @@ class NoopExecutor(ToyExecutor):
         return out
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
+        self._wait()
         return [OptimStepResult({}) for _ in works]
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
                     ) -> list[SampleOutcome]:
+        self._wait()
         seq = SampledSequence(array("i", [2]), array("f", [0.0]), "length")
         return [(w.request_id, SampleResult(tuple([seq] * w.num_samples))) for w in admit]
+
+    def _wait(self) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
 
 
 def _topk(lp_V: np.ndarray, k: int) -> list[tuple[int, float]]:

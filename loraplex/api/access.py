@@ -12,21 +12,21 @@ from loraplex.domain.ids import TinkerPath
 from loraplex.errors import NotFoundError, user_error
 from loraplex.scheduler.catalog import ServedModel
 from loraplex.store.checkpoints import CheckpointRecord
-from loraplex.store.runs import TrainingRunRecord
+from loraplex.store.runs import RunIdentity, TrainingRunRecord
 
 
 @dataclass(frozen=True)
 class LiveRun:
     """A training run of the caller whose adapter is in engine memory."""
 
-    run: TrainingRunRecord
+    run: RunIdentity
     served: ServedModel
 
 
 def live_run(ctx: ServerContext, tenant: str, model_id: str, field: str = "model_id"
              ) -> LiveRun:
     """Raises NotFoundError (unknown / foreign) or UserError (not in engine memory)."""
-    run = ctx.stores.runs.get(model_id, tenant, field)
+    run = ctx.stores.runs.identity(model_id, tenant, field)
     served = ctx.catalog.get(run.base_model)
     if not served.scheduler.has_model(model_id):
         raise user_error(field, f"training run {model_id!r} has no live state on this server "

@@ -24,11 +24,13 @@ from loraplex.api.routes import (
     runs,
     sampling,
     sessions,
+    stats,
     training,
     weights,
 )
 
-ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads)
+ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
+           stats)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

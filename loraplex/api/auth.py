@@ -34,8 +34,9 @@ class KeyCache:
         return tenant
 
 
-def authenticate(request: Request) -> str:
-    """FastAPI dependency: the calling tenant (AuthError → 401)."""
+async def authenticate(request: Request) -> str:
+    """FastAPI dependency: the calling tenant (AuthError → 401). Async on purpose: FastAPI
+    runs sync dependencies in a thread pool, a thread hop per request for a dict lookup."""
     cache: KeyCache = request.app.state.key_cache
     return cache.tenant(request)
 

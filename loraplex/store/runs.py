@@ -5,6 +5,7 @@ user metadata and counters. The live adapter itself is engine memory; this is it
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,9 +57,38 @@ class TrainingRunRecord:
     num_trained_tokens: int
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """The fields of a run that never change after creation (cached: the hot path reads them
+    on every training request)."""
+
+    model_id: str
+    tenant: str
+    session_id: str
+    base_model: str
+    lora: LoraConfig
+
+
 class RunStore:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._identities: dict[str, RunIdentity] = {}
+        self._lock = threading.Lock()
+
+    def identity(self, model_id: str, tenant: str, field: str = "model_id") -> RunIdentity:
+        """The tenant's run's identity; unknown / foreign ids raise NotFoundError."""
+        with self._lock:
+            cached = self._identities.get(model_id)
+        if cached is None:
+            record = self.find(model_id)
+            if record is not None:
+                cached = RunIdentity(record.model_id, record.tenant, record.session_id,
+                                     record.base_model, record.lora)
+                with self._lock:
+                    self._identities[model_id] = cached
+        if cached is None or cached.tenant != tenant:
+            raise NotFoundError(f"{field}: no training run {model_id!r}", field=field)
+        return cached
 
     def insert(self, record: TrainingRunRecord) -> None:
         self._db.execute(

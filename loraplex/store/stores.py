@@ -46,6 +46,7 @@ class Stores:
     secret: bytes
 
     def close(self) -> None:
+        self.futures.close()
         self.db.close()
 
 

@@ -7,6 +7,7 @@ sources are not resolved (no model directory is needed).
 
     python tests/integration/serve_fake.py --port 8123 --data-dir DIR [--open]
         [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop]
+        [--long-poll-s SECONDS] [--engine-ms MS]
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from tests.fakes import NoopExecutor, ToyExecutor
 def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
                  models: tuple[ModelSource, ...] = (ModelSource(DEFAULT_MODEL_NAME, "toy"),),
                  client_config: Mapping[str, Any] | None = None, executor: str = "toy",
-                 **server: Any) -> ServerContext:
+                 engine_delay_s: float = 0.0, **server: Any) -> ServerContext:
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, models=models,
                           open_access=open_access, client_config=dict(client_config or {}),
                           **server)
-    make = NoopExecutor if executor == "noop" else ToyExecutor
-    return build_context(config, SchedulerConfig(), lambda _dir: make(),
+    def make(_dir: str) -> ToyExecutor:
+        return NoopExecutor(delay_s=engine_delay_s) if executor == "noop" else ToyExecutor()
+
+    return build_context(config, SchedulerConfig(), make,
                          resolve=lambda source, d: os.path.join(d, "models", source))
 
 
@@ -51,11 +54,14 @@ def main() -> None:
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--client-config", default="{}")
     parser.add_argument("--executor", default="toy", choices=("toy", "noop"))
+    parser.add_argument("--long-poll-s", type=float, default=25.0)
+    parser.add_argument("--engine-ms", type=float, default=0.0, help="noop engine call time")
     args = parser.parse_args()
     models = tuple(ModelSource.parse(m) for m in args.model) or (
         ModelSource(DEFAULT_MODEL_NAME, "toy"),)
     ctx = fake_context(args.data_dir, port=args.port, open_access=args.open, models=models,
-                       client_config=json.loads(args.client_config), executor=args.executor)
+                       client_config=json.loads(args.client_config), executor=args.executor,
+                       long_poll_s=args.long_poll_s, engine_delay_s=args.engine_ms / 1000)
     serve(ctx, log_level="warning")
 
 
