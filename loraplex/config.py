@@ -139,6 +139,15 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], where: str) -> T:
     return cls(**values)
 
 
+def default_hf_home() -> str:
+    """Hugging Face's cache root as ``transformers`` resolves it (``$HF_HOME``, else
+    ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``)."""
+    if os.environ.get("HF_HOME"):
+        return os.environ["HF_HOME"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "huggingface")
+
+
 def env_overrides(prefix: str = "LORAPLEX_") -> dict[str, str]:
     """``LORAPLEX_*`` environment variables, the only place the environment is read."""
     return {k[len(prefix):].lower(): v for k, v in os.environ.items() if k.startswith(prefix)}
