@@ -50,7 +50,3 @@ def owned_checkpoint(ctx: ServerContext, tenant: str, run_id: str, kind: str, na
                      ) -> CheckpointRecord:
     path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
     return ctx.stores.checkpoints.get_owned(path, tenant, "checkpoint_id")
-
-
-def session_owner_check(ctx: ServerContext, tenant: str, session_id: str) -> None:
-    ctx.stores.sessions.get(session_id, tenant)

@@ -8,6 +8,7 @@ stalls every later op of that training client (the SDK never resends a rejected 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -67,3 +68,15 @@ def submit_training(
 def _release(op: Op, ctx: ServerContext) -> None:
     if isinstance(op, SaveOp):
         ctx.stores.checkpoints.abort(op.checkpoint)
+
+
+def json_address(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a training request, read before full validation so that a request
+    failing its schema still names the ``model_id`` / ``seq_id`` slot it occupies."""
+    try:
+        value = json.loads(raw or b"{}")
+    except ValueError:
+        raise user_error("body", "not JSON") from None
+    if not isinstance(value, dict):
+        raise user_error("body", "expected a JSON object")
+    return value

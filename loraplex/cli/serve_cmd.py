@@ -27,6 +27,7 @@ from loraplex.config import (
     SchedulerConfig,
     ServerConfig,
 )
+from loraplex.errors import user_error
 
 if TYPE_CHECKING:
     from loraplex.api.context import ServerContext
@@ -55,8 +56,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     models = tuple(ModelSource.parse(spec) for spec in args.model) or ServerConfig.models
     names = [m.name for m in models]
     if len(set(names)) != len(names):
-        from loraplex.errors import user_error
-
         raise user_error("--model", f"a NAME appears twice in {names}")
     return ServerConfig(host=args.host, port=args.port, data_dir=args.data_dir, models=models,
                         open_access=args.open)
@@ -65,11 +64,17 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
-    config = server_config(args)
-    from loraplex.engine.executor import Engine
+    from loraplex.errors import LoraplexError
 
-    engine_config = EngineConfig()
-    ctx = build_context(config, SchedulerConfig(), lambda d: Engine(d, engine_config))
+    try:
+        config = server_config(args)
+        from loraplex.engine.executor import Engine
+
+        engine_config = EngineConfig()
+        ctx = build_context(config, SchedulerConfig(), lambda d: Engine(d, engine_config))
+    except LoraplexError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     serve(ctx)
     return 0
 

@@ -64,7 +64,6 @@ class SaveOp:
     Attributes:
         with_optimizer: ``save_state`` (weights/) keeps the AdamW state too.
         encrypt_to: age recipients; every file is replaced by its ``.age`` ciphertext.
-        sampler: for a named sampler save, also returns nothing more than the path.
     """
 
     model_id: str

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loraplex.errors import NotFoundError
+from loraplex.errors import NotFoundError, user_error
 from loraplex.store.db import Database
 
 SCHEMA = """
@@ -80,6 +80,15 @@ class SessionStore:
         if row is None or row["tenant"] != tenant:
             raise NotFoundError(f"session_id: no session {session_id!r}", field="session_id")
         return _record(row)
+
+    def get_open(self, session_id: str, tenant: str) -> SessionRecord:
+        """The tenant's session, which must not be finished (a finished session is terminal:
+        nothing new may be created in it)."""
+        record = self.get(session_id, tenant)
+        if record.finished_at is not None:
+            raise user_error("session_id", f"session {session_id!r} was finished; create a "
+                             "new ServiceClient")
+        return record
 
     def heartbeat(self, session_id: str, tenant: str) -> None:
         changed = self._db.execute(

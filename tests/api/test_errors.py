@@ -134,3 +134,20 @@ def test_engine_bug_is_a_server_error_with_an_id_and_the_server_goes_on(
     finally:
         server.toy.bug_token = None
     trainer.forward_backward(DATA, "cross_entropy").result()
+
+
+def test_a_finished_session_is_terminal(server: Server, service_client: Make,
+                                       new_key: Callable[[], str]) -> None:
+    key = new_key()
+    client = service_client(key)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    client.close("success").result()  # the SDK refuses further calls; the server must too
+    session = tc.model_id.split(":")[0]
+    headers = {"X-API-Key": key}
+    created = httpx.post(f"{server.url}/api/v1/create_model", headers=headers, trust_env=False,
+                         json={"session_id": session, "model_seq_id": 5, "base_model": MODEL,
+                               "lora_config": {"rank": 2}})
+    assert created.status_code == 400 and "finished" in created.json()["error"]
+    step = httpx.post(f"{server.url}/api/v1/optim_step", headers=headers, trust_env=False,
+                      json={"model_id": tc.model_id, "seq_id": 1, "adam_params": {}})
+    assert step.status_code == 400 and "no live state" in step.json()["error"]

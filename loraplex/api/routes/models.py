@@ -23,7 +23,7 @@ router = APIRouter(prefix="/api/v1")
 async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
     body = schemas.parse(schemas.CreateModelRequest, await request.body())
     ctx = ctx_of(request)
-    ctx.stores.sessions.get(body.session_id, tenant)
+    ctx.stores.sessions.get_open(body.session_id, tenant)
     served = ctx.catalog.get(body.base_model)
     model_id = ids.model_id(body.session_id, body.model_seq_id)
     now = time.time()

@@ -17,7 +17,6 @@ from loraplex.api import convert, schemas
 from loraplex.api.access import owned_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.domain.ids import TinkerPath
 from loraplex.errors import NotFoundError, user_error
 from loraplex.store.checkpoints import CheckpointRecord
 from loraplex.store.runs import TrainingRunRecord
@@ -145,5 +144,3 @@ async def set_ttl(run_id: str, kind: str, name: str, request: Request,
     ctx.stores.checkpoints.set_ttl(record, convert.ttl_seconds(body.ttl_seconds))
     return Response(status_code=204)
 
-
-__all__ = ["TinkerPath", "checkpoint_json", "iso", "router", "run_json"]

@@ -48,7 +48,7 @@ def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
 async def create_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
     body = schemas.parse(schemas.CreateSamplingSessionRequest, await request.body())
     ctx = ctx_of(request)
-    ctx.stores.sessions.get(body.session_id, tenant)
+    ctx.stores.sessions.get_open(body.session_id, tenant)
     sampler_id = ids.sampling_session_id(body.session_id, body.sampling_session_seq_id)
     existing = ctx.stores.samplers.find(sampler_id)
     if existing is None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,10 +11,9 @@ from loraplex.api import codec, convert, schemas
 from loraplex.api.access import LiveRun
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.api.submission import submit_training
+from loraplex.api.submission import json_address, submit_training
 from loraplex.domain.data import Datum
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
-from loraplex.errors import user_error
 from loraplex.scheduler.ops import ForwardBackwardOp, OptimStepOp, RequestKind
 from loraplex.scheduler.provenance import attach_recorded_logprobs, referenced_sequence_ids
 
@@ -52,7 +50,7 @@ def with_recorded_logprobs(ctx: ServerContext, data: tuple[Datum, ...], session_
 @router.post("/optim_step")
 async def optim_step(request: Request, tenant: Tenant) -> dict[str, Any]:
     raw = await request.body()
-    address = _address(raw)
+    address = json_address(raw)
 
     def build(live: LiveRun, request_id: str) -> OptimStepOp:
         body = schemas.parse(schemas.OptimStepRequest, raw)
@@ -62,15 +60,3 @@ async def optim_step(request: Request, tenant: Tenant) -> dict[str, Any]:
 
     return submit_training(ctx_of(request), tenant, address.get("model_id"),
                            address.get("seq_id"), "OptimStep", build)
-
-
-def _address(raw: bytes) -> dict[str, Any]:
-    """``model_id`` / ``seq_id`` of a JSON training request, read before full validation so a
-    malformed request still takes its seq slot."""
-    try:
-        value = json.loads(raw or b"{}")
-    except ValueError:
-        raise user_error("body", "not JSON") from None
-    if not isinstance(value, dict):
-        raise user_error("body", "expected a JSON object")
-    return value

@@ -5,7 +5,6 @@ load_weights in its three shapes, and weights_info (tinker-api.md §5.4, §9.3, 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,8 +13,7 @@ from loraplex.api import convert, schemas
 from loraplex.api.access import LiveRun, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.api.routes.training import _address
-from loraplex.api.submission import new_request_id, submit_training
+from loraplex.api.submission import json_address, new_request_id, submit_training
 from loraplex.domain import ids
 from loraplex.domain.ids import CheckpointKind, TinkerPath
 from loraplex.domain.work import LoadWork
@@ -40,7 +38,7 @@ def _save_op(ctx: ServerContext, tenant: str, live: LiveRun, kind: CheckpointKin
 @router.post("/save_weights")
 async def save_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
     raw = await request.body()
-    address, ctx = _address(raw), ctx_of(request)
+    address, ctx = json_address(raw), ctx_of(request)
 
     def build(live: LiveRun, request_id: str) -> SaveOp:
         body = schemas.parse(schemas.SaveWeightsRequest, raw)
@@ -56,7 +54,7 @@ async def save_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, tenant: Tenant) -> dict[str, Any]:
     raw = await request.body()
-    address, ctx = _address(raw), ctx_of(request)
+    address, ctx = json_address(raw), ctx_of(request)
 
     def build(live: LiveRun, request_id: str) -> SaveOp | SnapshotOp:
         body = schemas.parse(schemas.SaveWeightsForSamplerRequest, raw)
@@ -78,7 +76,7 @@ async def save_weights_for_sampler(request: Request, tenant: Tenant) -> dict[str
 @router.post("/save_weights_external")
 async def save_weights_external(request: Request, tenant: Tenant) -> dict[str, Any]:
     raw = await request.body()
-    address, ctx = _address(raw), ctx_of(request)
+    address, ctx = json_address(raw), ctx_of(request)
 
     def build(live: LiveRun, request_id: str) -> SaveOp:
         body = schemas.parse(schemas.SaveWeightsExternalRequest, raw)
@@ -99,7 +97,7 @@ async def load_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
     from the checkpoint) or a load into an existing run (``model_id`` + ``seq_id``)."""
     raw = await request.body()
     ctx = ctx_of(request)
-    address = _address(raw)
+    address = json_address(raw)
     if address.get("session_id") is None:
         def build(live: LiveRun, request_id: str) -> LoadOp:
             body = schemas.parse(schemas.LoadWeightsRequest, raw)
@@ -117,7 +115,7 @@ def _create_via_load(ctx: ServerContext, tenant: str,
                      body: schemas.LoadWeightsRequest) -> dict[str, Any]:
     if body.model_seq_id is None:
         raise user_error("model_seq_id", "required with session_id")
-    ctx.stores.sessions.get(body.session_id or "", tenant)
+    ctx.stores.sessions.get_open(body.session_id or "", tenant)
     record, source_run = readable_checkpoint(ctx, tenant, body.path)
     served = ctx.catalog.get(body.base_model or source_run.base_model)
     if served.scheduler is not ctx.catalog.get(source_run.base_model).scheduler:
@@ -133,7 +131,7 @@ def _create_via_load(ctx: ServerContext, tenant: str,
         created_at=now, last_request_time=now, num_steps=0, num_trained_tokens=0)
     work = LoadWork(model_id, record.directory, body.optimizer)
     item = WorkItem(new_request_id(), tenant, "LoadWeights",
-                    LoadOp(work, record.path, replace(new_run)), model_id=model_id, seq_id=0)
+                    LoadOp(work, record.path, new_run), model_id=model_id, seq_id=0)
     admitted = served.scheduler.submit(item)
     return {"request_id": admitted.request_id, "model_id": model_id}
 
