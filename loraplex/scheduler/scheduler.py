@@ -206,7 +206,12 @@ class Scheduler:
             self._wakeup.notify_all()
 
     def plan(self, now: float | None = None) -> Plan | None:
-        """The next engine call, its items marked started; None when there is nothing to do."""
+        """The next engine call, its items marked started; None when there is nothing to do.
+
+        Args:
+            now: the caller's clock; unused by today's policy, which only orders and packs
+                (time-based policies, e.g. cycle deadlines, read it).
+        """
         with self._lock:
             return self._plan_locked()
 

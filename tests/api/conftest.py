@@ -1,7 +1,8 @@
 """A live server (real app, scheduler and stores, toy executor) for the SDK-driven API tests.
 
 One server per test module; every test makes its own tenant (a fresh ``tml-`` key), so tests
-do not see each other's runs.
+do not see each other's runs. ``LORAPLEX_TEST_EXECUTOR=engine`` runs the same tests on the
+torch engine (built-in tiny model); tests marked `toy_only` need the toy's internals.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tests.fakes import ToyExecutor
 from tests.integration.serve_fake import fake_context
 
 MODEL = DEFAULT_MODEL_NAME
+EXECUTOR = os.environ.get("LORAPLEX_TEST_EXECUTOR", "toy")
+toy_only = pytest.mark.skipif(EXECUTOR != "toy", reason="inspects the toy executor")
 
 
 @dataclass
@@ -43,7 +46,8 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("loraplex-data")
-    ctx = fake_context(str(data_dir), client_config={"fwdbwd_max_chunk_len": 2})
+    ctx = fake_context(str(data_dir), client_config={"fwdbwd_max_chunk_len": 2},
+                       executor=EXECUTOR)
     with live_server(ctx) as url:
         yield Server(url, ctx)
     ctx.stores.close()

@@ -13,7 +13,7 @@ import zstandard
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from tests.api.conftest import MODEL, Server
+from tests.api.conftest import MODEL, Server, toy_only
 from tests.api.test_training import ADAM, DATA, datum
 
 Make = Callable[..., tinker.ServiceClient]
@@ -122,6 +122,7 @@ def _retrieve(url: str, key: str, request_id: str) -> httpx.Response:
     raise AssertionError("future never completed")
 
 
+@toy_only
 def test_engine_bug_is_a_server_error_with_an_id_and_the_server_goes_on(
     server: Server, trainer: tinker.TrainingClient
 ) -> None:

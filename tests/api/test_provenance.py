@@ -11,7 +11,7 @@ import tinker
 from tinker import types
 
 from loraplex.domain.work import RECORDED_LOGPROBS_KEY
-from tests.api.conftest import MODEL, Server
+from tests.api.conftest import MODEL, Server, toy_only
 from tests.api.test_errors import user_failure
 
 Make = Callable[..., tinker.ServiceClient]
@@ -46,6 +46,7 @@ def rl_datum(seq: types.SampledSequence, sequence_id: str | None = None) -> type
                                                     length=action_n)])
 
 
+@toy_only
 def test_recorded_logprobs_reach_the_engine_aligned_with_targets(
     server: Server, service_client: Make
 ) -> None:

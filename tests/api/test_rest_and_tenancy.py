@@ -22,7 +22,8 @@ def test_capabilities_echo_the_served_name(server: Server, new_key: Callable[[],
     rest = tinker.RestClient(base_url=server.url, api_key=new_key())
     caps = rest.get_server_capabilities().result()
     assert [m.model_name for m in caps.supported_models] == [MODEL]
-    assert caps.supported_models[0].max_context_length == 512
+    info = server.ctx.catalog.get(MODEL).info
+    assert caps.supported_models[0].max_context_length == info.max_context
 
 
 def test_runs_checkpoints_and_sessions_are_listed(server: Server, service_client: Make,

@@ -11,7 +11,7 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.api.conftest import MODEL, Server
+from tests.api.conftest import MODEL, Server, toy_only
 from tests.api.test_training import ADAM, DATA
 from tests.fakes import toy_detokenize
 
@@ -49,7 +49,7 @@ def test_prompt_logprobs_and_compute_logprobs(service_client: Make) -> None:
     assert last[:-1] == [None] * 3 and last[-1] == computed[-1]
 
 
-def test_stop_strings_and_token_ids(service_client: Make) -> None:
+def test_stop_token_ids_and_no_stop(service_client: Make) -> None:
     sampler = service_client().create_sampling_client(base_model=MODEL).result()
     free = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[])).result().sequences[0]
     assert free.stop_reason == "length" and len(free.tokens) == 12
@@ -57,6 +57,12 @@ def test_stop_strings_and_token_ids(service_client: Make) -> None:
     by_id = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[token])).result().sequences[0]
     assert by_id.stop_reason == "stop" and by_id.tokens[-1] == token
     assert by_id.tokens == free.tokens[: by_id.tokens.index(token) + 1]
+
+
+@toy_only
+def test_stop_strings_use_the_model_detokenizer(service_client: Make) -> None:
+    sampler = service_client().create_sampling_client(base_model=MODEL).result()
+    free = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[])).result().sequences[0]
     text = toy_detokenize(free.tokens[2:4])
     by_str = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[text])).result().sequences[0]
     assert by_str.stop_reason == "stop" and text in toy_detokenize(by_str.tokens)

@@ -21,6 +21,7 @@ SDK027_VENV = REPO / ".venvs" / "sdk027"
 CLIENT_ENV = {"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
               "TINKER_TELEMETRY": "0"}
 os.environ.update({k: v for k, v in CLIENT_ENV.items() if k not in os.environ})
+EXECUTOR = os.environ.get("LORAPLEX_TEST_EXECUTOR", "toy")
 
 
 class ServerProcess:
@@ -57,7 +58,7 @@ class ServerProcess:
 
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(tmp_path / "data", "--open").start()
+    server = ServerProcess(tmp_path / "data", "--open", "--executor", EXECUTOR).start()
     yield server
     server.stop()
 

@@ -1,12 +1,13 @@
-"""Run the real loraplex server (real app, scheduler, stores, HTTP) on a fake executor.
+"""Run the real loraplex server (real app, scheduler, stores, HTTP) on a chosen executor.
 
 Used as a subprocess by the integration tests (restart persistence, SDK 0.27) and imported by
-the in-process API tests and the overhead benchmark. The only difference from `loraplex serve`
-is the executor: `ToyExecutor` (or `NoopExecutor`) instead of the torch engine, and model
-sources are not resolved (no model directory is needed).
+the in-process API tests and the overhead benchmark. ``--executor toy`` (default) or ``noop``
+uses a fake from `tests.fakes` (no model directory needed); ``engine`` uses the torch engine on
+the resolved SOURCE exactly like `loraplex serve` (``builtin:tiny`` is created under the data
+dir). The test suites pick it from ``LORAPLEX_TEST_EXECUTOR``.
 
     python tests/integration/serve_fake.py --port 8123 --data-dir DIR [--open]
-        [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop]
+        [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop|engine]
         [--long-poll-s SECONDS] [--engine-ms MS]
 """
 
@@ -33,17 +34,25 @@ from tests.fakes import NoopExecutor, ToyExecutor
 
 
 def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
-                 models: tuple[ModelSource, ...] = (ModelSource(DEFAULT_MODEL_NAME, "toy"),),
+                 models: tuple[ModelSource, ...] = (
+                     ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),),
                  client_config: Mapping[str, Any] | None = None, executor: str = "toy",
                  engine_delay_s: float = 0.0, **server: Any) -> ServerContext:
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, models=models,
                           open_access=open_access, client_config=dict(client_config or {}),
                           **server)
+    if executor == "engine":
+        from loraplex.engine.executor import Engine
+
+        from loraplex.config import EngineConfig
+
+        return build_context(config, SchedulerConfig(), lambda d: Engine(d, EngineConfig()))
+
     def make(_dir: str) -> ToyExecutor:
         return NoopExecutor(delay_s=engine_delay_s) if executor == "noop" else ToyExecutor()
 
     return build_context(config, SchedulerConfig(), make,
-                         resolve=lambda source, d: os.path.join(d, "models", source))
+                         resolve=lambda source, d: os.path.join(d, "models", "fake"))
 
 
 def main() -> None:
@@ -53,12 +62,12 @@ def main() -> None:
     parser.add_argument("--open", action="store_true")
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--client-config", default="{}")
-    parser.add_argument("--executor", default="toy", choices=("toy", "noop"))
+    parser.add_argument("--executor", default="toy", choices=("toy", "noop", "engine"))
     parser.add_argument("--long-poll-s", type=float, default=25.0)
     parser.add_argument("--engine-ms", type=float, default=0.0, help="noop engine call time")
     args = parser.parse_args()
     models = tuple(ModelSource.parse(m) for m in args.model) or (
-        ModelSource(DEFAULT_MODEL_NAME, "toy"),)
+        ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),)
     ctx = fake_context(args.data_dir, port=args.port, open_access=args.open, models=models,
                        client_config=json.loads(args.client_config), executor=args.executor,
                        long_poll_s=args.long_poll_s, engine_delay_s=args.engine_ms / 1000)

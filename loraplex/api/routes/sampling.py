@@ -76,7 +76,8 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
     request_id = new_request_id()
     work = _sample_work(body, served, sampler, request_id)
     sequence_ids = tuple(f"{request_id}:{i}" for i in range(body.num_samples))
-    key = (sampler.sampler_id, body.seq_id) if body.seq_id is not None else None
+    key = ((sampler.sampler_id, body.seq_id)
+           if body.seq_id is not None and body.sampling_session_id is not None else None)
     op = SampleOp(work, sequence_ids, source=sampler.source, model_id=sampler.model_id,
                   record_for_session=sampler.session_id if body.record_stability_info else None)
     item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
