@@ -359,6 +359,10 @@ class Scheduler:
             return self._tokens_since_step.pop(item.op.work.adapter_id, 0)
 
     def _fail(self, item: WorkItem, error: LoraplexError) -> None:
+        op = item.op
+        if item.model_id is not None and (isinstance(op, CreateModelOp) or (
+                isinstance(op, LoadOp) and op.new_run is not None)):
+            self.release_model(item.model_id)  # the run never came to life: drop its queue
         try:
             self.effects.failed(item, error)
         finally:

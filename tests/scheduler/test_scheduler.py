@@ -41,6 +41,16 @@ def test_create_model_resolves_and_records_the_run(toy: ToyExecutor, stores: Sto
     assert toy.has_adapter("s1:train:0")
 
 
+def test_a_failed_create_leaves_no_live_model(toy: ToyExecutor, stores: Stores) -> None:
+    s = make_scheduler(toy, stores)
+    item = create("m:train:0", rank=10_000)
+    s.submit(item)
+    drain(s)
+    with pytest.raises(UserError, match="rank"):
+        result(s, item)
+    assert not s.has_model("m:train:0") and stores.runs.find("m:train:0") is None
+
+
 def test_chunks_arriving_2_3_1_run_in_seq_order(toy: ToyExecutor, stores: Stores) -> None:
     s = make_scheduler(toy, stores, timeslice=True)
     s.submit(create("m:train:0"))
