@@ -32,11 +32,12 @@ def trainer(service_client: Make) -> tinker.TrainingClient:
 
 
 def test_bad_training_inputs_fail_their_future_and_the_client_continues(
-    trainer: tinker.TrainingClient,
+    server: Server, trainer: tinker.TrainingClient,
 ) -> None:
-    out_of_vocab = [datum([2, 3, 999])]
+    vocab = server.ctx.catalog.get(MODEL).info.vocab_size
+    out_of_vocab = [datum([2, 3, vocab])]
     user_failure(trainer.forward_backward(out_of_vocab, "cross_entropy"),
-                 r"data\[0\]\.model_input\[2\].*999.*vocabulary")
+                 rf"data\[0\]\.model_input\[2\].*{vocab}.*vocabulary")
     misaligned = [types.Datum(model_input=types.ModelInput.from_ints([2, 3, 4]),
                               loss_fn_inputs={"target_tokens": [3, 4, 5], "weights": [1.0]})]
     user_failure(trainer.forward_backward(misaligned, "cross_entropy"),
