@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,11 +86,26 @@ def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.
     aligned = all(d * x_N_I.element_size() % 16 == 0 for d in w_S_O_I.shape[1:])
     supported = x_N_I.device.type == "cpu" or x_N_I.dtype == torch.bfloat16
     if aligned and supported:
-        return F.grouped_mm(x_N_I, w_S_O_I.transpose(1, 2), offs=offsets_S)
+        out = F.grouped_mm(x_N_I, w_S_O_I.transpose(1, 2), offs=offsets_S)
+        result: torch.Tensor = _ContiguousGrad.apply(out)
+        return result
     ends = offsets_S.tolist()
     starts = [0, *ends[:-1]]
     return torch.cat([F.linear(x_N_I[s:e], w_S_O_I[i]) for i, (s, e) in
                       enumerate(zip(starts, ends, strict=True))])
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous: ``grouped_mm``'s
+    backward rejects the stride-0 gradients that e.g. ``y.sum().backward()`` produces."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraRows, *,

@@ -30,7 +30,8 @@ from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import BaseWeights, LayerWeights
 from loraplex.errors import user_error
 
-ATTENTION_TILE = 16
+#: Query rows of one attention matmul: ``tile positions × query heads per KV head``.
+ATTENTION_TILE_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,17 @@ class Transformer:
         """LoRA rank padding `AdapterBank.stack` must use (16 in batch-invariant mode)."""
         return self.options.effective_row_multiple
 
+    @property
+    def tile_size(self) -> int:
+        """Positions per attention tile: the GQA group's heads fill the 16 matmul rows, so a
+        one-token decode step wastes 16/groups rows instead of 16 (a power of two ≥ 1)."""
+        size = max(1, ATTENTION_TILE_ROWS // self.spec.num_groups)
+        return 1 << (size.bit_length() - 1)
+
     def pack(self, seqs: Sequence[SequenceInput]) -> PackedBatch:
         """`pack_sequences` with this model's layout options."""
         return pack_sequences(seqs, row_multiple=self.options.effective_row_multiple,
-                              block_size=self.options.kv_block_size, tile_size=ATTENTION_TILE,
+                              block_size=self.options.kv_block_size, tile_size=self.tile_size,
                               device=self.device)
 
     def forward(self, batch: PackedBatch, lora: LoraBatch | None = None,

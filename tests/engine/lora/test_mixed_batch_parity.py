@@ -89,18 +89,25 @@ def test_mixed_batch_equals_separate_single_adapter_runs(invariant: bool) -> Non
 
 
 def test_reference_loop_formulation_agrees_with_grouped_mm() -> None:
-    """grouped_mm segment GEMMs == a per-segment Python loop (forward and input gradient)."""
+    """grouped_mm segment GEMMs == a per-segment Python loop (forward and gradients)."""
     from loraplex.engine.lora.lora_batch import grouped_linear
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(80, 24, generator=gen, requires_grad=True)
     w = torch.randn(3, 10, 24, generator=gen, requires_grad=True)
     offsets = torch.tensor([16, 16, 80], dtype=torch.int32)  # includes an empty segment
-    y = grouped_linear(x, w, offsets)
-    loop = torch.cat([x[:16] @ w[0].T, x[16:16] @ w[1].T, x[16:80] @ w[2].T])
-    assert torch.equal(y, loop)
-    gy = torch.randn(y.shape, generator=gen)
-    gx, gw = torch.autograd.grad(y, (x, w), gy)
-    lx, lw = torch.autograd.grad(loop, (x, w), gy)
+
+    def loop() -> torch.Tensor:
+        return torch.cat([x[:16] @ w[0].T, x[16:16] @ w[1].T, x[16:80] @ w[2].T])
+
+    assert torch.equal(grouped_linear(x, w, offsets), loop())
+    gy = torch.randn(80, 10, generator=gen)
+    gx, gw = torch.autograd.grad(grouped_linear(x, w, offsets), (x, w), gy)
+    lx, lw = torch.autograd.grad(loop(), (x, w), gy)
     assert torch.allclose(gx, lx, rtol=1e-6, atol=1e-6)
     assert torch.allclose(gw, lw, rtol=1e-6, atol=1e-6)
+    grouped_linear(x, w, offsets).sum().backward()  # raw grouped_mm rejects this stride-0 grad
+    assert x.grad is not None and w.grad is not None
+    lx, lw = torch.autograd.grad(loop().sum(), (x, w))
+    assert torch.allclose(x.grad, lx, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(w.grad, lw, rtol=1e-6, atol=1e-6)
