@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model_dir": str(model_dir),
         "model": _model_summary(model_dir),
         "wall_s": round(time.time() - started, 1),
+        "served_model_dir": server.base_model,
         "server_log": str(server.log_path),
+        "jit_compiles": skyrl.jit_compiles(server.log_path),
         "mixed": mixed,
         "uniform_8x256": uniform,
     }
@@ -88,7 +90,8 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{s['gen_tokens']} | {s['median_round_s']} s | **{s['tok_per_s']}** |")
     lines += ["", f"JIT warm-up (untimed): train steps {train.get('warmup_step_s')} s, sampling "
               f"rounds {fan.get('warmup_round_s')} / {batch.get('warmup_round_s')} s; first "
-              f"create_lora_training_client {mixed['create_training_client_s']} s.",
+              f"create_lora_training_client {mixed['create_training_client_s']} s. Engine JIT "
+              f"compiles (all in warm-up): `{json.dumps(result['jit_compiles'])}`.",
               f"Install record: `{json.dumps(result['peer']['install'])}`.", ""]
     return "\n".join(lines)
 

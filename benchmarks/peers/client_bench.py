@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["load_avg"]["after_train"] = load_avg()
     if not args.skip_sample:
         t0 = time.perf_counter()
-        scl = resolved(tc.save_weights_and_get_sampling_client(name="client-bench"))
+        scl = resolved(tc.save_weights_and_get_sampling_client())
         result["sampling_client_s"] = round(time.perf_counter() - t0, 2)
         result["sample_fanout"] = sample_workload(scl, types, args.fanout_samples, args, 10_000)
         result["sample_batch"] = sample_workload(scl, types, 1, args, 20_000)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,9 +158,45 @@ def server_env(scratch_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Environment for every skyrl process: the shim on PYTHONPATH, no telemetry, no hub."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(scratch_dir).resolve() / "compat")
-    env.update(TINKER_TELEMETRY="0", HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu",
+    # COLUMNS: rich wraps skyrl's log lines at 80 columns otherwise, which breaks grepping them.
+    env.update(TINKER_TELEMETRY="0", HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu", COLUMNS="240",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     return env
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def weights_dtype(model_dir: Path) -> str:
+    """The dtype of the first tensor in the model's first safetensors file (from its header)."""
+    path = sorted(model_dir.glob("*.safetensors"))[0]
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    first = next(v for k, v in header.items() if k != "__metadata__")
+    return _SAFETENSORS_DTYPES[first["dtype"]]
+
+
+def peer_model_dir(model_dir: str | os.PathLike[str], scratch_dir: str | os.PathLike[str]) -> Path:
+    """`model_dir` itself, or a view of it SkyRL can load: the same files (symlinks) with a
+    config.json that names the weights' dtype.
+
+    SkyRL maps `config.dtype` to a JAX dtype and rejects `None`; transformers writes it when it
+    saves a model, but configs saved on their own (loraplex's built-ins) leave it out.
+    """
+    source = Path(model_dir).resolve()
+    config = json.loads((source / "config.json").read_text())
+    if config.get("dtype") or config.get("torch_dtype"):
+        return source
+    digest = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    view = Path(scratch_dir).resolve() / "models" / f"{source.name}-{digest}"
+    view.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        link = view / item.name
+        if item.name != "config.json" and not link.is_symlink():
+            link.symlink_to(item)
+    config["dtype"] = weights_dtype(source)
+    (view / "config.json").write_text(json.dumps(config, indent=2))
+    return view
 
 
 def start(
@@ -171,9 +208,10 @@ def start(
 ) -> ServerProcess:
     """Start the SkyRL API server (+ its engine subprocess) on `model_dir`; wait for healthz.
 
-    The base model name clients must send is the absolute `model_dir` (SkyRL serves exactly one
-    `--base-model`). Each start gets a fresh run dir (SQLite DB, checkpoints, server.log) under
-    `<scratch_dir>/runs/`. Use the result as a context manager or call `.stop()`.
+    The base model name clients must send is `server.base_model`: the absolute `model_dir`, or
+    its `peer_model_dir` view (SkyRL serves exactly one `--base-model`). Each start gets a fresh
+    run dir (SQLite DB, checkpoints, server.log) under `<scratch_dir>/runs/`. Use the result as
+    a context manager or call `.stop()`.
 
     Raises:
         RuntimeError: the server exited or did not answer healthz within `ready_timeout_s`
@@ -184,7 +222,7 @@ def start(
     if not py.exists():
         raise RuntimeError(f"skyrl is not installed under {scratch}; call install() first")
     port = port or free_port()
-    model = str(Path(model_dir).resolve())
+    model = str(peer_model_dir(model_dir, scratch))
     run_dir = scratch / "runs" / time.strftime(f"%Y%m%d-%H%M%S-{port}")
     (run_dir / "ckpt").mkdir(parents=True)
     config = DEFAULT_BACKEND_CONFIG if backend_config is None else backend_config
@@ -197,6 +235,17 @@ def start(
     _say(f"started pid {server.process.pid} on port {port}; log {run_dir / 'server.log'}")
     server.wait_ready("/api/v1/healthz", ready_timeout_s)
     return server
+
+
+_JIT_LINE = re.compile(
+    r"JIT\s+compilation\s+for\s+(train|sample)\s+seq_len=(\d+)\s+took\s+([\d.]+)s")
+
+
+def jit_compiles(log_path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every JIT compile the engine logged (mode, padded seq_len, seconds), in order: the
+    evidence that warm-up absorbed them and no timed round recompiled."""
+    text = Path(log_path).read_text(errors="replace")
+    return [{"mode": m, "seq_len": int(n), "s": float(t)} for m, n, t in _JIT_LINE.findall(text)]
 
 
 def measure(
@@ -220,4 +269,5 @@ def measure(
     result["peer"] = {"name": "skyrl", "version": SKYRL_VERSION, "backend": "jax",
                       "backend_config": config, "install": install_record(scratch_dir)}
     result["server_log"] = str(server.log_path)
+    result["jit_compiles"] = jit_compiles(server.log_path)
     return result
