@@ -51,9 +51,10 @@ class LoraAdapter:
         for target in targets_of(config):
             shape = target_shape(spec, target)
             bound = 1.0 / shape.d_in ** 0.5
-            a = (torch.rand(shape.num_layers, config.rank, shape.d_in, generator=gen) * 2 - 1)
+            a = torch.empty(shape.num_layers, config.rank, shape.d_in)
+            a.uniform_(-bound, bound, generator=gen)  # in place: no temporaries left behind
             weights[target] = LoraWeights(
-                (a * bound).to(device).requires_grad_(),
+                a.to(device).requires_grad_(),
                 torch.zeros(shape.num_layers, shape.d_out, config.rank,
                             device=device).requires_grad_(),
             )
