@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peer": {"name": "skyrl", "version": skyrl.SKYRL_VERSION, "backend": "jax",
                  "backend_config": skyrl.DEFAULT_BACKEND_CONFIG,
                  "install": skyrl.install_record(args.scratch_dir)},
+        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "model_dir": str(model_dir),
         "model": _model_summary(model_dir),
         "wall_s": round(time.time() - started, 1),
@@ -56,6 +57,12 @@ def _model_summary(model_dir: Path) -> dict[str, Any]:
     return {k: config.get(k) for k in keys}
 
 
+def _train_row(label: str, train: dict[str, Any]) -> str:
+    return (f"| fwd_bwd + optim_step, {label} | {train['tokens_per_step']} | "
+            f"{train['median_step_s']} s | **{train['tok_per_s']}** (pipelined "
+            f"{train['pipelined']['tok_per_s']}) | {train.get('best_tok_per_s')} |")
+
+
 def markdown(result: dict[str, Any]) -> str:
     mixed, uniform = result["mixed"], result["uniform_8x256"]
     train = mixed.get("train", {})
@@ -63,37 +70,49 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# SkyRL tx {result['peer']['version']} (JAX, CPU) on the small model",
         "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M')} with `python -m benchmarks.peers`; official "
+        f"Measured {result.get('measured_at')} with `python -m benchmarks.peers`; official "
         f"`tinker` SDK {mixed['sdk_version']} (the version SkyRL accepts). Model: "
         f"`{json.dumps(result['model'])}`. Backend config: "
         f"`{json.dumps(result['peer']['backend_config'])}`. Load average (1/5/15 min) at start "
         f"{mixed['load_avg']['start']}, at end {mixed['load_avg']['end']}: the 2 cores are shared, "
         "so compare only with numbers measured in the same run.",
         "",
-        "| workload | tokens | median wall | tokens/s |",
-        "|---|---|---|---|",
+        "| workload | tokens | median wall | tokens/s (median) | best round |",
+        "|---|---|---|---|---|",
     ]
     if train:
-        lines.append(f"| fwd_bwd + optim_step, {train['num_sequences']} seqs of lengths "
-                     f"{train['lengths']} (rank {mixed['rank']}) | {train['tokens_per_step']} | "
-                     f"{train['median_step_s']} s | **{train['tok_per_s']}** "
-                     f"(pipelined {train['pipelined']['tok_per_s']}) |")
+        lines.append(_train_row(f"{train['num_sequences']} seqs of lengths {train['lengths']} "
+                                f"(rank {mixed['rank']})", train))
     if uniform and uniform.get("train"):
-        ut = uniform["train"]
-        lines.append(f"| fwd_bwd + optim_step, 8×256 (peers.md §6 shape) | "
-                     f"{ut['tokens_per_step']} | {ut['median_step_s']} s | **{ut['tok_per_s']}** "
-                     f"(pipelined {ut['pipelined']['tok_per_s']}) |")
+        lines.append(_train_row("8×256 (peers.md §6 shape)", uniform["train"]))
     for name, s in (("fan-out", fan), ("batch", batch)):
         if s:
             lines.append(f"| sample {name}: {s['num_prompts']} prompts × {s['prompt_len']} "
                          f"tokens × {s['num_samples']} samples × {s['max_tokens']} new | "
-                         f"{s['gen_tokens']} | {s['median_round_s']} s | **{s['tok_per_s']}** |")
+                         f"{s['gen_tokens']} | {s['median_round_s']} s | **{s['tok_per_s']}** | "
+                         f"{s.get('best_tok_per_s')} |")
     lines += ["", f"JIT warm-up (untimed): train steps {train.get('warmup_step_s')} s, sampling "
               f"rounds {fan.get('warmup_round_s')} / {batch.get('warmup_round_s')} s; first "
               f"create_lora_training_client {mixed['create_training_client_s']} s. Engine JIT "
               f"compiles (all in warm-up): `{json.dumps(result['jit_compiles'])}`.",
-              f"Install record: `{json.dumps(result['peer']['install'])}`.", ""]
+              f"Install record: `{json.dumps(result['peer']['install'])}`.", "", *NOTES, ""]
     return "\n".join(lines)
+
+
+NOTES = (
+    "Notes:",
+    "- tokens/s counts real tokens: SkyRL pads every sequence of a batch to the longest one's "
+    "bucket (the mixed batch computes 8×384), and sampling counts generated tokens only.",
+    "- Workarounds needed (benchmarks/peers/skyrl.py): Python 3.11 with "
+    "`--ignore-requires-python` (skyrl 0.4.0 declares >=3.12; the only local CPU torch is "
+    "cp311), jax/jaxlib 0.10.2 + flax 0.12.8, a sitecustomize that aliases "
+    "`typing.TypedDict`, `aiohttp` added, a launcher replacing the `uv run` engine command, "
+    "`--backend jax`, and a model-dir view whose config.json names the dtype.",
+    "- `sample_max_num_sequences` 64 instead of 8 was slower here (fan-out 149 tok/s, batch "
+    "21 tok/s in one run): SkyRL pads every sampling batch to that size.",
+    "- SDK 0.38 against SkyRL: training works, sampling fails in the client "
+    "(`asample promises always carry sample_sequence_ids`); SkyRL pins tinker>=0.25,<0.26.",
+)
 
 
 def main() -> None:
