@@ -1,0 +1,42 @@
+"""SkyRL's model-dir view: SkyRL rejects a config.json without a dtype, so the harness serves it
+the same files with the weights' dtype named; a config that names one is used as is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from benchmarks.peers import skyrl
+
+
+def _model_dir(root: Path, config: dict[str, object], dtype: type = np.float32) -> Path:
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(config))
+    (root / "tokenizer.json").write_text("{}")
+    save_file({"model.embed_tokens.weight": np.zeros((4, 2), dtype=dtype)},
+              str(root / "model.safetensors"))
+    return root
+
+
+def test_view_names_the_weights_dtype_and_links_the_same_files(tmp_path: Path) -> None:
+    source = _model_dir(tmp_path / "small", {"model_type": "qwen3", "hidden_size": 2})
+    view = skyrl.peer_model_dir(source, tmp_path / "scratch")
+    assert view != source
+    assert json.loads((view / "config.json").read_text()) == {
+        "model_type": "qwen3", "hidden_size": 2, "dtype": "float32"}
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (view / name).resolve() == (source / name).resolve()
+    assert skyrl.peer_model_dir(source, tmp_path / "scratch") == view  # idempotent
+
+
+def test_view_reads_half_precision_from_the_safetensors_header(tmp_path: Path) -> None:
+    source = _model_dir(tmp_path / "half", {"model_type": "qwen3"}, dtype=np.float16)
+    assert skyrl.weights_dtype(source) == "float16"
+
+
+def test_config_with_a_dtype_is_served_as_is(tmp_path: Path) -> None:
+    source = _model_dir(tmp_path / "hf", {"model_type": "qwen3", "dtype": "bfloat16"})
+    assert skyrl.peer_model_dir(source, tmp_path / "scratch") == source.resolve()
