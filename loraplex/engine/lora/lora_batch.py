@@ -63,15 +63,18 @@ class LoraBatch:
 
     def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
                   ) -> torch.Tensor:
-        """``y`` plus the delta on the adapter rows (in place: the base matmul saved its inputs,
-        not ``y``, so autograd allows it)."""
+        """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
         n, gather, real = self.rows.num_rows, self.rows.gather_P, self.rows.real_P
         x_P_I = x_R_I[:n] if gather is None else x_R_I.index_select(0, gather)
         delta_P_O = self.delta(target, layer, x_P_I)
         if delta_P_O is None:
             return y_R_O
-        y_R_O[:n] += delta_P_O if real is None else delta_P_O.index_select(0, real)
-        return y_R_O
+        delta_N_O = delta_P_O if real is None else delta_P_O.index_select(0, real)
+        # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
+        # zero-fill + copy in autograd's backward (CopySlices / as_strided).
+        if n < y_R_O.shape[0]:
+            delta_N_O = F.pad(delta_N_O, (0, 0, 0, y_R_O.shape[0] - n))
+        return y_R_O + delta_N_O
 
 
 def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor

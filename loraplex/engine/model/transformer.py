@@ -127,7 +127,8 @@ class Transformer:
             k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
         q = apply_rope(q, cos, sin) * spec.head_dim ** -0.5
         k = apply_rope(k, cos, sin)
-        k_new, v_new = k[batch.write_rows_W], v[batch.write_rows_W]
+        k_new = k.index_select(0, batch.write_rows_W)
+        v_new = v.index_select(0, batch.write_rows_W)
         if kv is None:
             assert batch.num_scratch_blocks is not None
             k_pages = scratch_pages(batch.num_scratch_blocks, batch.block_size,
