@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from loraplex.domain.model import ModelInfo
 from loraplex.engine.lora.lora_batch import LoraBatch
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
@@ -64,6 +65,10 @@ class Transformer:
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
+
+    def model_info(self, max_context: int | None = None) -> ModelInfo:
+        """The torch-free facts the rest of the system may know (`ModelSpec.model_info`)."""
+        return self.spec.model_info(max_context)
 
     @property
     def rank_multiple(self) -> int:

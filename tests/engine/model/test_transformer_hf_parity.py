@@ -119,6 +119,6 @@ def test_bf16_compute_is_close_to_fp32(hf_model_factory) -> None:
 def test_model_info_counts_match_transformers(hf_model_factory) -> None:
     for tie in (True, False):
         path, hf_model = hf_model_factory("llama", tie)
-        info = load_model(path).spec.model_info()
+        info = load_model(path).model_info()
         assert info.num_params == sum(p.numel() for p in hf_model.parameters())
         assert info.arch == "llama" and info.num_kv_heads == 2 and info.max_context == 1024
