@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.cost_cmd",
     "loraplex.cli.serve_cmd",
     "loraplex.cli.keys_cmd",
+    "loraplex.cli.demo_cmd",
 )
 
 

@@ -1,0 +1,109 @@
+"""`loraplex demo [--out DIR] [--steps N] [--seed S]`: the clamp story end to end.
+
+Starts a loraplex server on the built-in model in a child process (its log goes to
+``DIR/server.log``), installs the model's tokenizer into a private Hugging Face cache under
+``DIR`` so the SDK's ``get_tokenizer()`` works offline, and drives the server with the official
+`tinker` SDK: SFT warm start, then GRPO until clamp passes. Writes metrics.jsonl, manifest.json,
+summary.json and curves.png under ``DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+DEMO_API_KEY = "tml-loraplex-demo"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="SFT + GRPO on the clamp task through the official SDK",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="loraplex-demo", metavar="DIR",
+                        help="output folder (metrics, manifest, summary, curves, server data)")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="GRPO steps (default: the demo's own)")
+    parser.add_argument("--sft-steps", type=int, default=None, metavar="N",
+                        help="SFT warm-start steps (default: the demo's own)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S", help="seed of everything")
+    parser.add_argument("--model", default="builtin:tiny", metavar="SOURCE",
+                        help="model source to serve (builtin:tiny, builtin:small or a directory)")
+    parser.set_defaults(func=run)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text()[-2000:]
+            raise RuntimeError(f"server exited early; see {log_path}:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"server not healthy after {timeout_s:.0f} s; see {log_path}")
+
+
+def _offline_env(hf_home: Path) -> None:
+    """The demo process talks only to its own server and never to a hub."""
+    os.environ.update({
+        "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+        "TINKER_TELEMETRY": "0", "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    })
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from loraplex.cli.hf_cache import cache_repo_id, install
+    from loraplex.cli.model_sources import resolve_source
+    from loraplex.demo.config import DemoConfig
+    from loraplex.demo.run import run_demo
+
+    console = Console()
+    out = Path(args.out).resolve()
+    data_dir, hf_home = out / "server-data", out / "hf-home"
+    cfg = DemoConfig(seed=args.seed)
+    if args.steps is not None:
+        cfg = replace(cfg, rl_steps=args.steps)
+    if args.sft_steps is not None:
+        cfg = replace(cfg, sft_steps=args.sft_steps)
+    model_dir = resolve_source(args.model, str(data_dir))
+    install(model_dir, cache_repo_id(cfg.base_model), str(hf_home))
+    _offline_env(hf_home)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = out / "server.log"
+    cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--open",
+           "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={args.model}"]
+    console.print(f"[bold]loraplex demo[/bold]: starting server on {url} (log: {log_path})")
+    with log_path.open("w") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                     start_new_session=True) as proc:
+        try:
+            _wait_healthy(url, proc, log_path, timeout_s=300)
+            summary = run_demo(url, DEMO_API_KEY, cfg, out, console)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    console.print_json(data=summary)
+    console.print(f"outputs in {out}: metrics.jsonl, manifest.json, summary.json, curves.png")
+    return 0
