@@ -79,9 +79,12 @@ class AdapterBank:
     def nbytes(self) -> int:
         return sum(a.nbytes() for a in self._adapters.values())
 
-    def stack(self, batch: PackedBatch, *, rank_multiple: int, dtype: torch.dtype
-              ) -> LoraBatch | None:
+    def stack(self, batch: PackedBatch, *, rank_multiple: int, dtype: torch.dtype,
+              reuse: LoraBatch | None = None) -> LoraBatch | None:
         """The `LoraBatch` for ``batch``'s adapter segments; None when all rows are base rows.
+
+        ``reuse``: the previous step's `LoraBatch` when the same (unchanged) adapters decode
+        again; its stacked weights are reused (`stack_adapters`).
 
         Raises:
             NotFoundError: a segment names an adapter that is not resident.
@@ -90,4 +93,4 @@ class AdapterBank:
             return None
         adapters = [self.get(a) for a in batch.lora_rows.adapter_ids]
         return stack_adapters(self.spec, adapters, batch.lora_rows,
-                              rank_multiple=rank_multiple, dtype=dtype)
+                              rank_multiple=rank_multiple, dtype=dtype, reuse=reuse)

@@ -112,7 +112,8 @@ class _ContiguousGrad(torch.autograd.Function):
 
 
 def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraRows, *,
-                   rank_multiple: int, dtype: torch.dtype) -> LoraBatch:
+                   rank_multiple: int, dtype: torch.dtype,
+                   reuse: LoraBatch | None = None) -> LoraBatch:
     """Stack the segments' adapters (segment order) into a `LoraBatch`.
 
     Args:
@@ -121,8 +122,28 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
         rank_multiple: pad the stacked rank up to a multiple of this (16 for batch invariance;
             at least 16 bytes' worth in any case, as ``F.grouped_mm`` requires).
         dtype: compute dtype of the stacked tensors (adapter leaves stay fp32).
+        reuse: an earlier `LoraBatch` of the same adapters, in the same order, whose weights
+            have not changed since (a sampler's decode steps): its stacked tensors are reused
+            and only the row layout is rebuilt.
     """
     device = adapters[0].parameters()[0].device
+    if reuse is not None and reuse.rows.adapter_ids == rows.adapter_ids:
+        targets = dict(reuse.targets)
+    else:
+        targets = _stack_targets(spec, adapters, rank_multiple, dtype, device)
+    ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
+    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
+    scales = torch.tensor([a.scale for a in adapters], dtype=dtype)
+    return LoraBatch(
+        rows=rows,
+        offsets_S=ends.to(torch.int32).to(device),
+        scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
+        targets=targets,
+    )
+
+
+def _stack_targets(spec: ModelSpec, adapters: Sequence[LoraAdapter], rank_multiple: int,
+                   dtype: torch.dtype, device: torch.device) -> dict[str, StackedTarget]:
     rank = max(a.rank for a in adapters)
     rank += -rank % max(rank_multiple, 128 // torch.finfo(dtype).bits)  # 16-byte rows
     targets = {}
@@ -142,12 +163,4 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
             b_parts.append(F.pad(w.b_L_O_R, (0, pad)))
         targets[target] = StackedTarget(torch.stack(a_parts, dim=1).to(dtype),
                                         torch.stack(b_parts, dim=1).to(dtype))
-    ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
-    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
-    scales = torch.tensor([a.scale for a in adapters], dtype=dtype)
-    return LoraBatch(
-        rows=rows,
-        offsets_S=ends.to(torch.int32).to(device),
-        scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
-        targets=targets,
-    )
+    return targets

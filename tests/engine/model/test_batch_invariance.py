@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.lora.lora_batch import LoraBatch
 from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
@@ -37,6 +38,7 @@ class Harness:
         self.model = Transformer(SPEC, random_weights(SPEC, seed=0, std=0.05),
                                  ComputeOptions(batch_invariant=invariant))
         self.bank = AdapterBank(SPEC, "cpu", max_rank=64)
+        self.previous: LoraBatch | None = None
         gen = torch.Generator().manual_seed(7)
         for name, config in ADAPTERS.items():
             with torch.no_grad():
@@ -47,7 +49,8 @@ class Harness:
                  kv: PagedKVCache | None = None) -> list[torch.Tensor]:
         batch = self.model.pack(seqs)
         lora = self.bank.stack(batch, rank_multiple=self.model.rank_multiple,
-                               dtype=self.model.dtype)
+                               dtype=self.model.dtype, reuse=self.previous if kv else None)
+        self.previous = lora  # decode steps reuse the stacked weights, as a sampler would
         targets_T = torch.tensor([t for ts in targets for t in ts])
         with torch.no_grad():
             hidden = self.model.forward(batch, lora, kv)
