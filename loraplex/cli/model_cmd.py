@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = verbs.add_parser("info", help="print a model directory's facts as JSON")
     info.add_argument("directory", metavar="DIR")
     info.set_defaults(func=_info)
+    from loraplex.cli.hf_cache import register_cache_tokenizer
+
+    register_cache_tokenizer(verbs)
 
 
 def _create(args: argparse.Namespace) -> int:
