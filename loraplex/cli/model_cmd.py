@@ -1,4 +1,4 @@
-"""`loraplex model create-tiny | info | cache-tokenizer`: built-in models, facts, offline tokenizers.
+"""`loraplex model create-tiny | info | cache-tokenizer`: built-in models, facts, tokenizers.
 
 ``create-tiny DIR [--arch qwen3|llama] [--size tiny|small] [--seed N]`` writes a random model
 (HF safetensors + config.json) and a locally trained tokenizer, without network: ``tiny``
