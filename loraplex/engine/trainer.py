@@ -1,0 +1,256 @@
+"""`Trainer`: the engine's training path: packed multi-adapter forward/backward with per-request
+losses, gradient accumulation per adapter, and per-adapter AdamW.
+
+``forward_backward(works)``: every work is validated alone (a bad one fails alone, nothing
+changes for it) → the datums of all valid works, whatever their adapters, become one
+`PackedBatch` (adapter segments; one forward, no Python loop over tenants) → one fp32
+log-softmax over the rows → per work: gather its target logprobs, compute its loss → one
+backward over the sum of the finite training losses, into the trained adapters' leaves only.
+Knows nothing of scheduling, HTTP, files or tenants: adapter ids and domain objects only.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
+from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.engine.lora.adapter import LoraAdapter
+from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.losses.loss_spec import LossOutput
+from loraplex.engine.losses.validation import ValidatedLoss, validate
+from loraplex.engine.model.packed_batch import SequenceInput
+from loraplex.engine.model.transformer import Transformer
+from loraplex.engine.optim.adamw import adamw_step
+from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.errors import LoraplexError, user_error
+
+FwdBwdOutcome = ForwardBackwardResult | LoraplexError
+OptimOutcome = OptimStepResult | LoraplexError
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A validated work and where its tokens sit in the packed input order."""
+
+    index: int
+    work: ForwardBackwardWork
+    loss: ValidatedLoss
+    token_start: int
+
+    @property
+    def is_training(self) -> bool:
+        return not self.work.forward_only
+
+
+def is_trainable(adapter: LoraAdapter) -> bool:
+    """Training adapters have leaves that require grad; frozen sampler copies do not."""
+    return all(p.requires_grad for p in adapter.parameters())
+
+
+class Trainer:
+    """Forward/backward and AdamW for the adapters of one `AdapterBank` on one `Transformer`.
+
+    Owns each adapter's optimizer state (created before its first step); gradients live in the
+    adapters' own ``.grad`` until their optim_step frees them.
+    """
+
+    def __init__(self, model: Transformer, bank: AdapterBank, max_context: int) -> None:
+        self.model = model
+        self.bank = bank
+        self.max_context = max_context
+        self._optimizers: dict[str, AdamWState] = {}
+
+    # ---- forward / backward ----------------------------------------------------------------
+
+    def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
+        """One packed forward (and backward, unless every work is forward-only) for ``works``.
+
+        Returns one outcome per work, in order: its result, or the `LoraplexError` that failed
+        it alone (validation, or a non-finite loss / gradient; its adapter is then unchanged).
+        """
+        outcomes: list[FwdBwdOutcome | None] = [None] * len(works)
+        prepared, start = [], 0
+        for i, work in enumerate(works):
+            try:
+                loss = self._validate(work)
+            except LoraplexError as err:
+                outcomes[i] = err
+                continue
+            prepared.append(_Prepared(i, work, loss, start))
+            start += work.num_tokens
+        if start:
+            for p, outcome in zip(prepared, self._run(prepared), strict=True):
+                outcomes[p.index] = outcome
+        else:  # only empty works: nothing to run
+            for p in prepared:
+                outcomes[p.index] = ForwardBackwardResult((), (), {"loss:sum": 0.0})
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def _validate(self, work: ForwardBackwardWork) -> ValidatedLoss:
+        adapter = self.bank.get(work.adapter_id)
+        if not work.forward_only and not is_trainable(adapter):
+            raise user_error("model_id", f"adapter {work.adapter_id!r} is a frozen sampler "
+                             "snapshot; it cannot be trained")
+        for i, datum in enumerate(work.data):
+            if datum.length == 0:
+                raise user_error(f"data[{i}].model_input", "must not be empty")
+            if datum.length > self.max_context:
+                raise user_error(f"data[{i}].model_input", f"length {datum.length} exceeds the "
+                                 f"model's max_context {self.max_context}")
+        vocab_size = self.model.spec.vocab_size
+        loss = validate(work.loss_fn, work.loss_fn_config, work.data, vocab_size)
+        return loss.to(self.model.device)
+
+    def _run(self, prepared: Sequence[_Prepared]) -> list[FwdBwdOutcome]:
+        """The algorithm: pack → forward → per-work losses → backward → results."""
+        seqs = [SequenceInput(d.tokens.tolist(), p.work.adapter_id)
+                for p in prepared for d in p.work.data]
+        any_training = any(p.is_training for p in prepared)
+        with torch.set_grad_enabled(any_training):
+            batch = self.model.pack(seqs)
+            lora = self.bank.stack(batch, rank_multiple=self.model.rank_multiple,
+                                   dtype=self.model.dtype)
+            hidden_R_D = self.model.forward(batch, lora)
+            # The same row-local fp32 log_softmax as `Transformer.token_logprobs` (and the
+            # sampler), so trainer and sampler logprobs agree bitwise in invariant mode.
+            logprobs_R_V = torch.log_softmax(self.model.logits(hidden_R_D, lora).float(), -1)
+            rows_T = batch.row_index()
+            logprobs = [self._target_logprobs(p, logprobs_R_V, rows_T) for p in prepared]
+            losses = [p.loss.compute(lp) for p, lp in zip(prepared, logprobs, strict=True)]
+        is_finite = torch.stack([out.loss.detach().isfinite() for out in losses]).tolist()
+        failed: dict[int, LoraplexError] = {}
+        for k, finite in enumerate(is_finite):
+            if not finite:
+                failed[k] = user_error("loss_fn", f"the {prepared[k].work.loss_fn} loss is "
+                                       f"{losses[k].loss.item()} (e.g. overflowing importance "
+                                       "ratios); no gradients were applied")
+        trained = [k for k, p in enumerate(prepared) if p.is_training and k not in failed]
+        if trained:
+            bad = self._backward([losses[k].loss for k in trained],
+                                 {prepared[k].work.adapter_id for k in trained})
+            for k in trained:
+                if prepared[k].work.adapter_id in bad:
+                    failed[k] = user_error("loss_fn", "non-finite gradients; this batch's "
+                                           "gradients were discarded, the adapter is unchanged")
+        return [failed.get(k) or self._result(p, logprobs[k], losses[k])
+                for k, p in enumerate(prepared)]
+
+    @staticmethod
+    def _target_logprobs(p: _Prepared, logprobs_R_V: torch.Tensor, rows_T: torch.Tensor
+                         ) -> torch.Tensor:
+        """``[T]`` (or top-K ``[T, K]``) logprobs of the work's targets, datums concatenated."""
+        targets = p.loss.target_tokens
+        rows = rows_T[p.token_start:p.token_start + p.work.num_tokens]
+        picked = logprobs_R_V[rows[:, None], targets.reshape(targets.shape[0], -1)]
+        return picked.reshape(targets.shape)
+
+    def _backward(self, losses: Sequence[torch.Tensor], adapter_ids: set[str]) -> set[str]:
+        """Backpropagate ``Σ losses`` into the given adapters only; return those whose new
+        gradients are not finite (their earlier gradients are restored, the new ones dropped).
+
+        New gradients are computed into empty ``.grad`` slots and then added to the earlier
+        ones: ``old + new`` is what autograd's own accumulation computes, bit for bit.
+        """
+        params = {a: self.bank.get(a).parameters() for a in sorted(adapter_ids)}
+        earlier = {a: [p.grad for p in ps] for a, ps in params.items()}
+        for ps in params.values():
+            for p in ps:
+                p.grad = None
+        torch.stack(list(losses)).sum().backward(inputs=[p for ps in params.values() for p in ps])
+        bad = set()
+        for a, ps in params.items():
+            new = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
+            if not torch.stack(torch._foreach_norm(new)).isfinite().all():
+                bad.add(a)
+                for p, old in zip(ps, earlier[a], strict=True):
+                    p.grad = old
+                continue
+            for p, g, old in zip(ps, new, earlier[a], strict=True):
+                p.grad = g if old is None else g.add_(old)
+        return bad
+
+    @staticmethod
+    def _result(p: _Prepared, logprobs: torch.Tensor, out: LossOutput) -> ForwardBackwardResult:
+        split = p.loss.inputs.split
+        return ForwardBackwardResult(
+            logprobs=tuple(float32_array(x) for x in split(logprobs.detach())),
+            elementwise_loss=tuple(float32_array(x) for x in split(out.elementwise_loss_T)),
+            metrics=out.metric_values(),
+            logprobs_trailing_shape=tuple(logprobs.shape[1:]),
+        )
+
+    # ---- optimizer -------------------------------------------------------------------------
+
+    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
+        """One AdamW step per work's adapter, in order; each frees that adapter's gradients."""
+        outcomes: list[OptimOutcome] = []
+        for work in works:
+            try:
+                outcomes.append(self._step(work))
+            except LoraplexError as err:
+                outcomes.append(err)
+        return outcomes
+
+    def _step(self, work: OptimStepWork) -> OptimStepResult:
+        """AdamW on the adapter's accumulated gradients.
+
+        An adapter with no accumulated gradients (no forward_backward since its last step)
+        takes no step: weights, moments and step count stay as they are, as
+        ``torch.optim.AdamW`` skips parameters whose ``.grad`` is None. A zero gradient (e.g.
+        all-zero loss weights) is a real step: moments decay and the step counts.
+        """
+        adapter = self.bank.get(work.adapter_id)
+        if not is_trainable(adapter):
+            raise user_error("model_id", f"adapter {work.adapter_id!r} is a frozen sampler "
+                             "snapshot; it has no optimizer")
+        adam = work.adam.validate()
+        named = adapter.named_parameters()
+        grads = [p.grad for _, p in named]
+        if all(g is None for g in grads):
+            return OptimStepResult({"grad_norm:mean": 0.0, "learning_rate:mean":
+                                    adam.learning_rate})
+        params = [p for _, p in named]
+        # Every leaf of a trained adapter is in the graph, so its grads exist together; a
+        # missing one would count as zero.
+        full = [g if g is not None else torch.zeros_like(p) for p, g in zip(params, grads,
+                                                                           strict=True)]
+        state = self.optimizer_state(work.adapter_id, create=True)
+        assert state is not None
+        try:
+            metrics = adamw_step(params, full, state, adam)
+        finally:
+            adapter.free_grads()  # also after a non-finite norm: those gradients are unusable
+        return OptimStepResult(metrics)
+
+    def optimizer_state(self, adapter_id: str, create: bool = False) -> AdamWState | None:
+        """The adapter's AdamW state (zeros, created now when ``create``), or None."""
+        state = self._optimizers.get(adapter_id)
+        if state is None and create:
+            named = self.bank.get(adapter_id).named_parameters()
+            state = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+            self._optimizers[adapter_id] = state
+        return state
+
+    def set_optimizer_state(self, adapter_id: str, state: AdamWState | None) -> None:
+        """Install a restored state (None: start over from zero moments at the next step)."""
+        if state is None:
+            self._optimizers.pop(adapter_id, None)
+        else:
+            self._optimizers[adapter_id] = state
+
+    def forget(self, adapter_id: str) -> None:
+        """Drop an adapter's optimizer state (the adapter itself lives in the bank)."""
+        self._optimizers.pop(adapter_id, None)
+
+
+def float32_array(values: torch.Tensor) -> array:
+    """A flat ``array('f')`` of a tensor's values (row-major), via one host copy."""
+    out = array("f")
+    out.frombytes(values.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return out

@@ -1,0 +1,85 @@
+"""The `Engine` facade: the BatchExecutor protocol's surface, adapter lifecycle, model info,
+and resident memory per adapter after a step (parameters + two moments, no gradients)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraplex.config import EngineConfig
+from loraplex.domain.lora import LoraConfig
+from loraplex.domain.optim import AdamParams
+from loraplex.domain.work import OptimStepWork
+from loraplex.engine.executor import Engine
+from loraplex.errors import ConflictError, NotFoundError, UserError
+from loraplex.scheduler.executor import BatchExecutor
+from tests.engine.train_works import ce_datum, work
+
+
+def test_engine_implements_every_protocol_method_with_its_signature(tiny_model_dir: Path
+                                                                     ) -> None:
+    engine = Engine(str(tiny_model_dir), EngineConfig())
+    for name, member in inspect.getmembers(BatchExecutor, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        ours = inspect.signature(getattr(engine, name))
+        theirs = inspect.signature(member)
+        assert list(ours.parameters) == [p for p in theirs.parameters if p != "self"], name
+
+
+def test_model_info_reports_the_configured_context(tiny_model_dir: Path) -> None:
+    info = Engine(str(tiny_model_dir), EngineConfig(max_context=300)).model_info()
+    assert info.max_context == 300 and info.vocab_size == 1024 and info.arch == "qwen3"
+    assert info.eos_token_ids
+    default = Engine(str(tiny_model_dir), EngineConfig()).model_info()
+    assert default.max_context == 8192  # the model's own limit
+
+
+def test_datums_longer_than_max_context_are_refused(tiny_model_dir: Path) -> None:
+    engine = Engine(str(tiny_model_dir), EngineConfig(max_context=16))
+    engine.create_adapter("a", LoraConfig(rank=4))
+    gen = torch.Generator().manual_seed(0)
+    outcomes = engine.forward_backward([work("r", "a", [ce_datum(gen, 16, 1024),
+                                                        ce_datum(gen, 17, 1024)])])
+    assert isinstance(outcomes[0], UserError) and "data[1].model_input" in str(outcomes[0])
+
+
+def test_adapter_lifecycle(tiny_model_dir: Path) -> None:
+    engine = Engine(str(tiny_model_dir), EngineConfig(max_lora_rank=32))
+    engine.create_adapter("a", LoraConfig(rank=8))
+    assert engine.has_adapter("a") and not engine.has_adapter("b")
+    with pytest.raises(ConflictError):
+        engine.create_adapter("a", LoraConfig(rank=8))
+    with pytest.raises(UserError, match="rank"):
+        engine.create_adapter("big", LoraConfig(rank=64))
+    engine.snapshot_adapter("a", "a@0")
+    with pytest.raises(NotFoundError):
+        engine.snapshot_adapter("nope", "nope@0")
+    gen = torch.Generator().manual_seed(0)
+    engine.forward_backward([work("r", "a", [ce_datum(gen, 10, 1024)])])
+    engine.optim_step([OptimStepWork("o", "a", AdamParams())])
+    assert engine.trainer.optimizer_state("a") is not None
+    engine.delete_adapter("a")
+    engine.delete_adapter("never-existed")
+    assert not engine.has_adapter("a") and engine.has_adapter("a@0")
+    assert engine.trainer.optimizer_state("a") is None  # freed with the adapter
+    engine.create_adapter("a", LoraConfig(rank=8))  # the id can be reused, fresh
+    assert engine.trainer.optimizer_state("a") is None
+    assert engine.num_running_samples() == 0
+
+
+def test_resident_bytes_after_a_step_are_parameters_plus_two_moments(tiny_model_dir: Path
+                                                                     ) -> None:
+    engine = Engine(str(tiny_model_dir), EngineConfig())
+    engine.create_adapter("a", LoraConfig(rank=16))
+    gen = torch.Generator().manual_seed(0)
+    engine.forward_backward([work("r", "a", [ce_datum(gen, 40, 1024)])])
+    engine.optim_step([OptimStepWork("o", "a", AdamParams())])
+    adapter = engine.bank.get("a")
+    params_bytes = 4 * adapter.num_params
+    assert adapter.nbytes() == params_bytes  # gradients freed by the step
+    state = engine.trainer.optimizer_state("a")
+    assert state is not None and state.nbytes == 2 * params_bytes + 4
