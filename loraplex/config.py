@@ -63,6 +63,13 @@ class SchedulerConfig:
         max_sampler_snapshots_per_model: newest ephemeral sampler snapshots kept in engine
             memory per training run (older sampling sessions of that run stop working).
         max_checkpoint_samplers: checkpoint-backed sampler adapters kept loaded (LRU).
+        sample_kv_budget_tokens: KV tokens running sampling requests may reserve (prompt +
+            num_samples × max_tokens each); keep it within the engine's KV cache.
+        sample_share: engine-time share sampling gets while training also waits (0..1).
+        seq_gap_timeout_s: ops stuck this long behind a seq_id that never arrived are failed
+            and the missing seq_id is skipped (None: wait forever). Longer than the SDK's
+            5-minute submit retry window.
+        cycle_history: cycle records kept for the stats endpoint.
     """
 
     token_budget: int = 16384
@@ -72,6 +79,34 @@ class SchedulerConfig:
     decode_steps_per_cycle: int = 8
     max_sampler_snapshots_per_model: int = 4
     max_checkpoint_samplers: int = 16
+    sample_kv_budget_tokens: int = 131072
+    sample_share: float = 0.5
+    seq_gap_timeout_s: float | None = 900.0
+    cycle_history: int = 4096
+
+
+@dataclass(frozen=True)
+class MeteringConfig:
+    """Usage metering and how it is priced (``GET /api/v1/loraplex/usage``, ``loraplex usage``).
+
+    Attributes:
+        flush_interval_s: how often metered ops are folded into the SQLite usage table.
+        price_sheet: a dated sheet of ``loraplex.cost.price_sheets``.
+        price_table: a custom sheet (``price_sheet_from_mapping`` keys); replaces
+            ``price_sheet`` when set.
+        model_map: served NAME → the sheet's model name (names the sheet lists map to
+            themselves).
+        default_model: the sheet model for names neither mapped nor listed.
+        cached_prefill_ratio: price of a prefix-cache hit relative to prefill in
+            ``cache_aware`` mode (None: the sheet's own ratio).
+    """
+
+    flush_interval_s: float = 2.0
+    price_sheet: str = "tinker-2026-01-05"
+    price_table: Mapping[str, Any] | None = None
+    model_map: Mapping[str, str] = field(default_factory=dict)
+    default_model: str = "Qwen/Qwen3-8B"
+    cached_prefill_ratio: float | None = 0.2
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,7 @@ class ServerConfig:
             adapters released from engine memory (their records and checkpoints stay).
         housekeeping_interval_s: how often TTLs are enforced and stale results dropped.
         download_url_ttl_s: lifetime of signed checkpoint-download URLs.
+        metering: usage metering and pricing.
     """
 
     host: str = "127.0.0.1"
@@ -119,6 +155,7 @@ class ServerConfig:
     session_idle_timeout_s: float = 3600.0
     housekeeping_interval_s: float = 60.0
     download_url_ttl_s: float = 3600.0
+    metering: MeteringConfig = field(default_factory=MeteringConfig)
 
 
 @dataclass(frozen=True)

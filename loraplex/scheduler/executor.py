@@ -49,7 +49,10 @@ class BatchExecutor(Protocol):
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
         """Run many models' forward / forward_backward ops as one packed batch.
 
-        Gradients accumulate into each adapter until its next `optim_step`.
+        Gradients accumulate into each adapter until its next `optim_step`. Several works may
+        name the same adapter (consecutive chunks of one client call, or a forward next to a
+        forward_backward): each is its own outcome, all see the same weights, and the
+        gradients of all of them accumulate.
         """
         ...
 

@@ -100,6 +100,9 @@ class SampleOp:
             ``inflight``).
         model_id: the training run behind a snapshot / inflight sampler.
         record_for_session: session that owns recorded sequences (record_stability_info).
+        base_model: the served NAME sampled (metering prices by it).
+        usage_run_id: the training run its usage is attributed to (the run behind a snapshot
+            / inflight sampler, or the run that wrote its checkpoint; None: the bare base).
     """
 
     work: SampleWork
@@ -107,6 +110,8 @@ class SampleOp:
     source: SamplerSource = "base"
     model_id: str | None = None
     record_for_session: str | None = None
+    base_model: str | None = None
+    usage_run_id: str | None = None
 
 
 @dataclass(frozen=True)

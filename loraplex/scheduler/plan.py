@@ -1,4 +1,4 @@
-"""What one clock step asks the engine to do: exactly one engine entry point per plan.
+"""What one clock step asks the engine to do.
 
 `Scheduler.plan` builds these; `runner.run_plan` executes them; `Scheduler.complete` consumes
 the per-item outcomes. A plan names the work items it carries so every outcome finds its future.
@@ -8,21 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.errors import LoraplexError
 from loraplex.scheduler.ops import WorkItem
 
 
 @dataclass(frozen=True)
-class TrainPlan:
-    """forward / forward_backward ops of several models packed into one engine batch."""
+class CyclePlan:
+    """One training clock cycle: a packed batch, then optim steps.
 
-    items: tuple[WorkItem, ...]
+    Attributes:
+        batch: forward / forward_backward ops of many models (several consecutive ones of the
+            same model allowed) for one engine ``forward_backward`` call, in model-then-seq
+            order; pre-failed ops among them resolve with their error without the engine.
+        optim: optim steps applied after the batch (one per model), each closing its model's
+            ops in the batch or standing alone at its model's head.
+    """
 
+    batch: tuple[WorkItem, ...]
+    optim: tuple[WorkItem, ...] = ()
 
-@dataclass(frozen=True)
-class OptimPlan:
-    """optim_steps of several models applied in one engine call."""
-
-    items: tuple[WorkItem, ...]
+    @property
+    def items(self) -> tuple[WorkItem, ...]:
+        return self.batch + self.optim
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,18 @@ class SamplePlan:
 
 
 @dataclass(frozen=True)
+class ExpirePlan:
+    """Ops stuck behind a seq_id that never arrived: each fails with ``error`` (no engine)."""
+
+    items: tuple[WorkItem, ...]
+    error: LoraplexError
+
+
+@dataclass(frozen=True)
 class ReleasePlan:
     """Drop adapters nobody can use any more."""
 
     adapter_ids: tuple[str, ...]
 
 
-Plan = TrainPlan | OptimPlan | ControlPlan | SamplePlan | ReleasePlan
+Plan = CyclePlan | ControlPlan | SamplePlan | ExpirePlan | ReleasePlan

@@ -9,6 +9,10 @@ dropped: eviction marks it doomed and `take_releasable` hands it out once its la
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, defaultdict
+from dataclasses import replace
+
+from loraplex.errors import user_error
+from loraplex.scheduler.ops import SampleOp
 
 
 class AdapterResidency:
@@ -41,6 +45,34 @@ class AdapterResidency:
         versions.append(adapter_id)
         while len(versions) > self.max_snapshots_per_model:
             self._doom(versions.pop(0))
+
+    def bind(self, op: SampleOp) -> SampleOp:
+        """``op`` with the adapter version it samples: an ``inflight`` sampler gets its run's
+        latest inflight save.
+
+        Raises:
+            UserError: the snapshot behind a snapshot / inflight sampler is gone.
+        """
+        adapter_id = op.work.adapter_id
+        if op.source == "inflight":
+            assert op.model_id is not None
+            adapter_id = self.current_inflight(op.model_id)
+        if op.source in ("snapshot", "inflight") and (
+                adapter_id is None or not self.is_live(adapter_id)):
+            raise user_error("sampling_session_id", "the weights snapshot behind this sampling "
+                             "session is gone (evicted by newer snapshots, its training session "
+                             "ended, or the server restarted); save weights for sampler again")
+        if adapter_id == op.work.adapter_id:
+            return op
+        return replace(op, work=replace(op.work, adapter_id=adapter_id))
+
+    def admit(self, op: SampleOp) -> None:
+        """A sample starts running: its adapter is in use until `release`."""
+        adapter_id = op.work.adapter_id
+        if adapter_id is not None:
+            if op.source == "checkpoint":
+                self.use_checkpoint(adapter_id)
+            self.acquire(adapter_id)
 
     def current_inflight(self, model_id: str) -> str | None:
         return self._inflight.get(model_id)

@@ -4,25 +4,35 @@
     plan(now) -> Plan     clock thread: pick the next engine call and mark its items started
     complete(plan, out)   clock thread: apply effects, resolve futures, advance queues
 
-Ordering rules enforced here (with `ModelQueue`): ops of one model run one at a time in seq_id
-order; a forward_backward therefore finishes before the optim_step after it; a save or load
-runs after every earlier op of its model. Sampling requests have no order and are batched
-continuously.
+Ordering (with `ModelQueue`): ops of one model start in seq_id order and only after every
+earlier op of the model finished; a save / load / create / snapshot runs alone, after all
+earlier ops of its model; sampling requests have no order.
 
-Policy (one place, `plan`): phases rotate train → optim → control → sample, each step taking the
-first phase with work, so training and sampling both keep moving and an optim_step runs in the
-step right after the forward_backward before it. A train step packs the ready
-forward/forward_backward ops of many models (one per model) chosen by deficit round-robin over
-tenants up to ``token_budget`` tokens (``timeslice``: one model per step). Admission: a tenant
-with ``max_inflight_per_tenant`` queued or running ops gets CapacityError (HTTP 429) for new
-samples and for training ops that do not fill the gap its queue waits on.
+Policy (`_plan_locked`, the one place it lives):
+1. Releases of unused adapters first, then ops stuck behind a seq_id missing for longer than
+   ``seq_gap_timeout_s`` (they fail with a user error; the missing id is skipped).
+2. Training and sampling share the engine by engine time (`EngineShare`): while both have
+   work, sampling gets ``sample_share`` of it and training the rest; alone, either gets all.
+3. Training work is a clock cycle or one control op; they alternate when both are ready.
+   A **clock cycle** is one engine ``forward_backward`` call packing the ready forward /
+   forward_backward ops of many models — for each model its *run*: several consecutive ops
+   (a call's chunks) when no optim_step / save / load sits between them — chosen by deficit
+   round-robin over tenants up to ``token_budget`` datum tokens, then one ``optim_step`` call
+   for every model whose run ended in an optim_step (or whose head is one). So a
+   forward_backward and the optim_step submitted right after it complete in the same cycle:
+   a pipelined client needs one cycle per step. ``timeslice`` packs one model per cycle.
+4. A sampling step admits waiting requests by deficit round-robin over tenants while their KV
+   reservations fit ``sample_kv_budget_tokens`` (`SampleQueue`), then decodes every running
+   sequence for up to ``decode_steps_per_cycle`` steps; requests join and leave between steps.
+Admission: a tenant with ``max_inflight_per_tenant`` queued or running ops gets CapacityError
+(HTTP 429) for new samples and for training ops that do not fill the gap its queue waits on.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -30,9 +40,10 @@ from typing import Any
 from loraplex.config import SchedulerConfig
 from loraplex.errors import CapacityError, LoraplexError, NotFoundError, user_error
 from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.engine_share import EngineShare, WorkClass
 from loraplex.scheduler.executor import BatchExecutor
-from loraplex.scheduler.fairness import DeficitRoundRobin
 from loraplex.scheduler.futures import FutureStore
+from loraplex.scheduler.metrics import SchedulerMetrics
 from loraplex.scheduler.model_queue import ModelQueue
 from loraplex.scheduler.ops import (
     Admitted,
@@ -44,19 +55,20 @@ from loraplex.scheduler.ops import (
     SnapshotOp,
     WorkItem,
 )
+from loraplex.scheduler.packer import CyclePacker
 from loraplex.scheduler.plan import (
     ControlPlan,
-    OptimPlan,
+    CyclePlan,
+    ExpirePlan,
     Plan,
     ReleasePlan,
     SamplePlan,
-    TrainPlan,
 )
 from loraplex.scheduler.residency import AdapterResidency
 from loraplex.scheduler.runner import PlanOutcome, server_bug, snapshot_adapter_id
-from loraplex.scheduler.usage import CycleRecord, OpUsage, UsageLog
+from loraplex.scheduler.sample_queue import SampleQueue
+from loraplex.scheduler.usage import OpUsage, UsageLog, engine_shares, op_usage
 
-PHASES = ("train", "optim", "control", "sample")
 SAMPLE_DEDUPE_MEMORY = 65536
 
 
@@ -68,6 +80,7 @@ class Scheduler:
         config: the scheduler's config slice.
         futures: the server-wide future store.
         effects: store side effects of finished ops.
+        clock: monotonic seconds (tests inject their own).
     """
 
     def __init__(self, executor: BatchExecutor, config: SchedulerConfig, futures: FutureStore,
@@ -77,20 +90,23 @@ class Scheduler:
         self.futures = futures
         self.effects = effects
         self.usage = UsageLog()
+        self.metrics = SchedulerMetrics(config.cycle_history, clock)
         self._clock = clock
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._queues: dict[str, ModelQueue] = {}
         self._closing: set[str] = set()
-        self._waiting_samples: list[WorkItem] = []
-        self._running_samples: dict[str, WorkItem] = {}
+        self._samples = SampleQueue(config.sample_kv_budget_tokens, config.quantum_tokens,
+                                    executor.model_info().max_context)
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
         self._inflight: Counter[str] = Counter()
         self._tokens_since_step: Counter[str] = Counter()
-        self._fairness = DeficitRoundRobin(config.quantum_tokens)
+        self._packer = CyclePacker(config)
+        self._share = EngineShare(config.sample_share)
+        self._last_training = "control"
+        self._plan_class: dict[int, WorkClass] = {}
         self.residency = AdapterResidency(config.max_sampler_snapshots_per_model,
                                           config.max_checkpoint_samplers)
-        self._phase = 0
 
     # ---- submission (event-loop thread) -------------------------------------------------
 
@@ -107,10 +123,14 @@ class Scheduler:
         admitted = Admitted(item.request_id, sample_sequence_ids)
         item = replace(item, enqueued_at=self._clock())
         with self._lock:
-            if item.model_id is not None:
-                duplicate = self._offer_training(item, admitted)
-            else:
-                item, duplicate = self._offer_sample(item, admitted)
+            try:
+                if item.model_id is not None:
+                    duplicate = self._offer_training(item, admitted)
+                else:
+                    item, duplicate = self._offer_sample(item, admitted)
+            except CapacityError:
+                self.metrics.rejected(item.tenant, item.kind)
+                raise
             if duplicate is not None:
                 return duplicate
             self._inflight[item.tenant] += 1
@@ -122,10 +142,12 @@ class Scheduler:
         model_id, seq = item.model_id, item.seq_id
         assert model_id is not None and seq is not None
         queue = self._queues.get(model_id)
-        creates = isinstance(item.op, CreateModelOp) or (
-            isinstance(item.op, LoadOp) and item.op.new_run is not None)
-        if queue is None and creates:
-            queue = self._queues[model_id] = ModelQueue(model_id, item.tenant)
+        op = item.op
+        new_run = op.run if isinstance(op, CreateModelOp) else (
+            op.new_run if isinstance(op, LoadOp) else None)
+        if queue is None and new_run is not None:
+            queue = self._queues[model_id] = ModelQueue(
+                model_id, item.tenant, base_model=new_run.base_model, now=item.enqueued_at)
         if queue is None or queue.tenant != item.tenant or model_id in self._closing:
             raise NotFoundError(f"model_id: no live training run {model_id!r}", field="model_id")
         previous = queue.admitted_for(seq)
@@ -143,29 +165,14 @@ class Scheduler:
             return item, self._sample_seen[key]
         if self._over_limit(item.tenant):
             raise CapacityError(f"tenant has {self._inflight[item.tenant]} ops in flight; retry")
-        item = self._bind_sampler_adapter(item)
-        self._waiting_samples.append(item)
+        assert isinstance(item.op, SampleOp)
+        item = replace(item, op=self.residency.bind(item.op))
+        self._samples.add(item)
         if key is not None:
             self._sample_seen[key] = admitted
             while len(self._sample_seen) > SAMPLE_DEDUPE_MEMORY:
                 self._sample_seen.popitem(last=False)
         return item, None
-
-    def _bind_sampler_adapter(self, item: WorkItem) -> WorkItem:
-        op = item.op
-        assert isinstance(op, SampleOp)
-        adapter_id = op.work.adapter_id
-        if op.source == "inflight":
-            assert op.model_id is not None
-            adapter_id = self.residency.current_inflight(op.model_id)
-        if op.source in ("snapshot", "inflight") and (
-                adapter_id is None or not self.residency.is_live(adapter_id)):
-            raise user_error("sampling_session_id", "the weights snapshot behind this sampling "
-                             "session is gone (evicted by newer snapshots, its training session "
-                             "ended, or the server restarted); save weights for sampler again")
-        if adapter_id == op.work.adapter_id:
-            return item
-        return replace(item, op=replace(op, work=replace(op.work, adapter_id=adapter_id)))
 
     def _over_limit(self, tenant: str) -> bool:
         return self._inflight[tenant] >= self.config.max_inflight_per_tenant
@@ -188,8 +195,32 @@ class Scheduler:
                 self._wakeup.notify()
 
     def queue_state(self, tenant: str) -> str:
+        """The SDK's queue state for the tenant's pending futures (tinker-api.md §4.2)."""
         with self._lock:
-            return "paused_rate_limit" if self._over_limit(tenant) else "active"
+            if self._over_limit(tenant):
+                return "paused_rate_limit"
+            return "paused_capacity" if self._samples.num_waiting(tenant) else "active"
+
+    def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Per tenant: training ops waiting, samples waiting / running, ops in flight."""
+        with self._lock:
+            out: defaultdict[str, dict[str, int]] = defaultdict(
+                lambda: {"train_waiting": 0, "sample_waiting": 0, "sample_running": 0,
+                         "inflight": 0})
+            for queue in self._queues.values():
+                out[queue.tenant]["train_waiting"] += queue.num_waiting()
+            for tenant, n in self._samples.waiting_by_tenant().items():
+                out[tenant]["sample_waiting"] = n
+            for tenant, n in self._samples.running_by_tenant().items():
+                out[tenant]["sample_running"] = n
+            for tenant, n in self._inflight.items():
+                out[tenant]["inflight"] = n
+            return dict(out)
+
+    def num_queued(self) -> int:
+        with self._lock:
+            return (sum(q.num_waiting() for q in self._queues.values())
+                    + self._samples.num_waiting() + self._samples.num_running())
 
     # ---- the state machine (clock thread) -------------------------------------------------
 
@@ -209,64 +240,30 @@ class Scheduler:
         """The next engine call, its items marked started; None when there is nothing to do.
 
         Args:
-            now: the caller's clock; unused by today's policy, which only orders and packs
-                (time-based policies, e.g. cycle deadlines, read it).
+            now: the caller's clock (defaults to the scheduler's; the gap timeout reads it).
         """
         with self._lock:
-            return self._plan_locked()
+            return self._plan_locked(now)
 
-    def _plan_locked(self) -> Plan | None:
-        released = self._releasable()
-        if released:
-            return ReleasePlan(tuple(released))
-        for i in range(len(PHASES)):
-            phase = PHASES[(self._phase + i) % len(PHASES)]
-            plan = self._build(phase)
-            if plan is not None:
-                self._phase = (PHASES.index(phase) + 1) % len(PHASES)
-                return plan
-        return None
-
-    def _build(self, phase: str) -> Plan | None:
-        if phase == "sample":
-            return self._build_sample()
-        heads = [h for q in self._queues.values() if (h := q.head()) is not None]
-        if phase == "train":
-            ready = [h for h in heads if isinstance(h.op, ForwardBackwardOp)]
-            if not ready:
-                return None
-            budget = 0 if self.config.timeslice else self.config.token_budget
-            return TrainPlan(tuple(self._start(self._fairness.select(ready, budget))))
-        if phase == "optim":
-            ready = [h for h in heads if isinstance(h.op, OptimStepOp)]
-            return OptimPlan(tuple(self._start(ready[:1] if self.config.timeslice else ready))
-                             ) if ready else None
-        control = [h for h in heads if not isinstance(h.op, ForwardBackwardOp | OptimStepOp)]
-        if not control:
+    def _plan_locked(self, now: float | None = None) -> Plan | None:
+        began = time.perf_counter()
+        now = self._clock() if now is None else now
+        work_class: WorkClass | None = None
+        plan: Plan | None = self._release_plan() or self._expire_plan(now)
+        if plan is None:
+            work_class = self._share.pick(self._has_training(), self._samples.has_work())
+            if work_class == "train":
+                plan = self._build_training(now)
+            elif work_class == "sample":
+                plan = self._build_sample()
+        if plan is None:
             return None
-        return ControlPlan(self._start([min(control, key=lambda h: h.enqueued_at)])[0])
+        if work_class is not None:
+            self._plan_class[id(plan)] = work_class
+        self.metrics.plan_started(plan, now, time.perf_counter() - began)
+        return plan
 
-    def _build_sample(self) -> SamplePlan | None:
-        if not self._waiting_samples and not self._running_samples:
-            return None
-        admit, self._waiting_samples = self._waiting_samples, []
-        for item in admit:
-            op = item.op
-            assert isinstance(op, SampleOp)
-            if op.work.adapter_id is not None:
-                if op.source == "checkpoint":
-                    self.residency.use_checkpoint(op.work.adapter_id)
-                self.residency.acquire(op.work.adapter_id)
-            self._running_samples[item.request_id] = item
-        return SamplePlan(tuple(admit), self.config.decode_steps_per_cycle)
-
-    def _start(self, items: list[WorkItem]) -> list[WorkItem]:
-        for item in items:
-            assert item.model_id is not None
-            self._queues[item.model_id].start_head()
-        return items
-
-    def _releasable(self) -> list[str]:
+    def _release_plan(self) -> ReleasePlan | None:
         released = self.residency.take_releasable()
         for model_id in sorted(self._closing):
             queue = self._queues[model_id]
@@ -276,54 +273,120 @@ class Scheduler:
                 self.residency.drop_model(model_id)
                 released.append(model_id)
                 released.extend(self.residency.take_releasable())
-        return released
+        return ReleasePlan(tuple(released)) if released else None
+
+    def _expire_plan(self, now: float) -> ExpirePlan | None:
+        timeout = self.config.seq_gap_timeout_s
+        if timeout is None:
+            return None
+        for queue in self._queues.values():
+            since = queue.stuck_since()
+            if since is not None and now - since > timeout:
+                missing = queue.next_seq
+                items = queue.give_up_gap(now)
+                error = user_error("seq_id", f"seq_id {missing} of model {queue.model_id!r} "
+                                   f"never arrived within {timeout:g} s, so the "
+                                   f"{len(items)} ops queued after it were failed")
+                return ExpirePlan(tuple(items), error)
+        return None
+
+    def _has_training(self) -> bool:
+        return any(q.head() is not None for q in self._queues.values())
+
+    def _build_training(self, now: float) -> Plan | None:
+        runs = {m: r for m, q in self._queues.items() if (r := q.ready_run())}
+        control = [h for q in self._queues.values()
+                   if (h := q.head()) is not None and h.model_id not in runs]
+        if control and (not runs or self._last_training == "cycle"):
+            self._last_training = "control"
+            item = min(control, key=lambda h: h.enqueued_at)
+            self._start([item], now)
+            return ControlPlan(item)
+        self._last_training = "cycle"
+        return self._build_cycle(runs, now)
+
+    def _build_cycle(self, runs: dict[str, list[WorkItem]], now: float) -> CyclePlan:
+        packed = self._packer.pack(runs)
+        for model_id, items in packed.started.items():
+            self._queues[model_id].start(items, now)
+        return CyclePlan(packed.batch, packed.optim)
+
+    def _build_sample(self) -> SamplePlan:
+        admit = self._samples.admit()
+        for item in admit:
+            assert isinstance(item.op, SampleOp)
+            self.residency.admit(item.op)
+        return SamplePlan(tuple(admit), self.config.decode_steps_per_cycle)
+
+    def _start(self, items: list[WorkItem], now: float) -> None:
+        for item in items:
+            assert item.model_id is not None
+            self._queues[item.model_id].start([item], now)
 
     def complete(self, plan: Plan, outcome: PlanOutcome) -> None:
-        """Apply the outcome of ``plan``: effects, futures, queue advance, usage."""
+        """Apply the outcome of ``plan``: effects, futures, queue advance, usage, metrics."""
+        began = time.perf_counter()
         finished = self._finish_items(plan, outcome)
-        total_tokens = sum(item.num_tokens for item, _ in finished)
-        usage = []
-        for item, result in finished:
-            share = (item.num_tokens / total_tokens if total_tokens
-                     else 1.0 / len(finished))
-            usage.append(self._deliver(item, result, outcome.engine_s * share))
-        self.usage.add(_cycle_record(plan, outcome, finished), usage)
+        usage = [self._deliver(item, result, engine_s, base_model)
+                 for item, result, engine_s, base_model in finished]
+        self.usage.add(usage)
+        with self._lock:
+            work_class = self._plan_class.pop(id(plan), None)
+            if work_class is not None:
+                self._share.charge(work_class, outcome.engine_s)
+            num_running = self._samples.num_running()
+        self.metrics.plan_done(plan, outcome, [f[0] for f in finished], usage, num_running,
+                               time.perf_counter() - began)
 
-    def _finish_items(self, plan: Plan, outcome: PlanOutcome) -> list[tuple[WorkItem, Any]]:
+    def _finish_items(self, plan: Plan, outcome: PlanOutcome
+                      ) -> list[tuple[WorkItem, Any, float, str | None]]:
+        """Advance queues and counters; returns (item, outcome, engine seconds, base model)."""
         with self._lock:
             if isinstance(plan, SamplePlan):
-                items = self._finish_samples(outcome)
-            elif isinstance(plan, ControlPlan):
-                items = [plan.item]
-            elif isinstance(plan, ReleasePlan):
-                items = []
-            else:
-                items = list(plan.items)
+                return self._finish_samples(outcome)
+            if isinstance(plan, ReleasePlan):
+                return []
+            items = [plan.item] if isinstance(plan, ControlPlan) else list(plan.items)
+            shares = engine_shares(plan, outcome)
             finished = []
             for item in items:
                 result = outcome.bug or outcome.outcomes.get(item.request_id)
                 if result is None and not isinstance(plan, ControlPlan):
                     result = server_bug(RuntimeError("executor dropped a work item"), "complete")
-                if item.model_id is not None:
-                    self._queues[item.model_id].finish_head()
-                self._inflight[item.tenant] -= 1
-                if self._inflight[item.tenant] <= 0:
-                    del self._inflight[item.tenant]
-                finished.append((item, result))
+                assert item.model_id is not None
+                queue = self._queues[item.model_id]
+                queue.finish_one()
+                self._done(item.tenant)
+                finished.append((item, result, shares.get(item.request_id, 0.0),
+                                 queue.base_model))
             return finished
 
-    def _finish_samples(self, outcome: PlanOutcome) -> list[WorkItem]:
-        ids = list(self._running_samples) if outcome.bug else [
-            rid for rid in outcome.outcomes if rid in self._running_samples]
-        items = [self._running_samples.pop(rid) for rid in ids]
-        for item in items:
+    def _finish_samples(self, outcome: PlanOutcome
+                        ) -> list[tuple[WorkItem, Any, float, str | None]]:
+        self._samples.charge(outcome.engine_s)
+        ids = self._samples.running_ids() if outcome.bug else list(outcome.outcomes)
+        finished = []
+        for rid in ids:
+            done = self._samples.finish(rid)
+            if done is None:
+                continue
+            item, engine_s = done
             assert isinstance(item.op, SampleOp)
             if item.op.work.adapter_id is not None:
                 self.residency.release(item.op.work.adapter_id)
-        return items
+            self._done(item.tenant)
+            finished.append((item, outcome.bug or outcome.outcomes[rid], engine_s,
+                             item.op.base_model))
+        return finished
 
-    def _deliver(self, item: WorkItem, result: Any, engine_s: float) -> OpUsage:
-        usage = _op_usage(item, result, engine_s)
+    def _done(self, tenant: str) -> None:
+        self._inflight[tenant] -= 1
+        if self._inflight[tenant] <= 0:
+            del self._inflight[tenant]
+
+    def _deliver(self, item: WorkItem, result: Any, engine_s: float,
+                 base_model: str | None) -> OpUsage:
+        usage = op_usage(item, result, engine_s, base_model)
         if isinstance(result, LoraplexError):
             self._fail(item, result)
             return usage
@@ -333,10 +396,11 @@ class Scheduler:
                 trained_tokens=self._step_tokens(item))
         except LoraplexError as exc:
             self._fail(item, exc)
+            return replace(usage, failed=True)
         except Exception as exc:  # a store failure must not kill the clock loop
             self._fail(item, server_bug(exc, f"effects of {item.kind}"))
-        else:
-            self.futures.resolve(item.request_id, value)
+            return replace(usage, failed=True)
+        self.futures.resolve(item.request_id, value)
         return usage
 
     def _after_success(self, item: WorkItem) -> str | None:
@@ -367,33 +431,3 @@ class Scheduler:
             self.effects.failed(item, error)
         finally:
             self.futures.fail(item.request_id, error)
-
-    def num_queued(self) -> int:
-        with self._lock:
-            return (sum(q.num_waiting() for q in self._queues.values())
-                    + len(self._waiting_samples) + len(self._running_samples))
-
-
-def _op_usage(item: WorkItem, result: Any, engine_s: float) -> OpUsage:
-    op = item.op
-    tokens = item.num_tokens
-    usage = OpUsage(item.request_id, item.tenant, item.model_id, item.kind, engine_s)
-    if isinstance(op, ForwardBackwardOp):
-        trained = 0 if op.work.forward_only else tokens
-        return replace(usage, trained_tokens=trained, forward_tokens=tokens - trained)
-    if isinstance(op, SampleOp) and not isinstance(result, LoraplexError) and result is not None:
-        sampled = sum(len(s.tokens) for s in result.sequences)
-        return replace(usage, prefill_tokens=tokens, sampled_tokens=sampled,
-                       cache_hit_tokens=result.prompt_cache_hit_tokens)
-    return usage
-
-
-def _cycle_record(plan: Plan, outcome: PlanOutcome,
-                  finished: list[tuple[WorkItem, Any]]) -> CycleRecord:
-    items = [it for it, _ in finished]
-    if isinstance(plan, SamplePlan):
-        items = list({it.request_id: it for it in (*plan.admit, *items)}.values())
-    kind = type(plan).__name__.removesuffix("Plan").lower()
-    return CycleRecord(kind, time.monotonic() - outcome.engine_s, outcome.engine_s,
-                       tuple(sorted({it.tenant for it in items})), len(items),
-                       sum(it.num_tokens for it in items))

@@ -24,11 +24,12 @@ from loraplex.store import (
     sequences,
     served_models,
     sessions,
+    usage,
 )
 from loraplex.store.db import Database
 
 SCHEMAS = (keys.SCHEMA, sessions.SCHEMA, runs.SCHEMA, checkpoints.SCHEMA, samplers.SCHEMA,
-           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA)
+           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Stores:
     sequences: sequences.SequenceStore
     futures: futures.FutureJournal
     served_models: served_models.ServedModelStore
+    usage: usage.UsageStore
     archive_dir: str
     secret: bytes
 
@@ -64,6 +66,7 @@ def open_stores(data_dir: str) -> Stores:
         sequences=sequences.SequenceStore(db),
         futures=futures.FutureJournal(db),
         served_models=served_models.ServedModelStore(db),
+        usage=usage.UsageStore(db),
         archive_dir=os.path.join(data_dir, "archives"),
         secret=_load_or_create_secret(os.path.join(data_dir, "server_secret")),
     )

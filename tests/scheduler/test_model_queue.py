@@ -19,9 +19,9 @@ def test_out_of_order_arrivals_are_released_in_seq_order() -> None:
     queue.offer(items[1], Admitted(items[1].request_id))
     released = []
     while (head := queue.head()) is not None:
-        assert queue.start_head() is head
-        assert queue.head() is None, "one op of a model at a time"
-        queue.finish_head()
+        queue.start([head], now=0.0)
+        assert queue.head() is None, "nothing starts while an op of the model runs"
+        queue.finish_one()
         released.append(head.seq_id)
     assert released == [1, 2, 3]
 
@@ -31,8 +31,8 @@ def test_duplicates_and_stale_seq_ids() -> None:
     item = fwd_bwd("m", 1)
     queue.offer(item, Admitted(item.request_id))
     assert queue.admitted_for(1) == Admitted(item.request_id)
-    queue.start_head()
-    queue.finish_head()
+    queue.start([item], now=0.0)
+    queue.finish_one()
     assert queue.admitted_for(1) == Admitted(item.request_id), "remembered after it ran"
     with pytest.raises(UserError, match="seq_id"):
         queue.offer(fwd_bwd("m", 1), Admitted("other"))

@@ -7,7 +7,7 @@ import pytest
 from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
 from loraplex.errors import CapacityError, NotFoundError, ServerError, UserError, user_error
 from loraplex.scheduler.ops import FailedOp, ModelCreated, Sampled, WorkItem
-from loraplex.scheduler.plan import SamplePlan, TrainPlan
+from loraplex.scheduler.plan import CyclePlan, SamplePlan
 from loraplex.scheduler.runner import run_plan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
@@ -62,7 +62,7 @@ def test_chunks_arriving_2_3_1_run_in_seq_order(toy: ToyExecutor, stores: Stores
     s.submit(chunks[0])
     order = []
     while (plan := s.plan()) is not None:
-        assert isinstance(plan, TrainPlan)
+        assert isinstance(plan, CyclePlan)
         order += [it.seq_id for it in plan.items]
         s.complete(plan, run_plan(toy, plan))
     assert order == [1, 2, 3]
@@ -122,7 +122,7 @@ def test_forward_backward_of_several_models_packed_in_one_call(
         ("forward_backward", ("m0:train:0", "m1:train:0", "m2:train:0")),
         ("optim_step", ("m0:train:0", "m1:train:0", "m2:train:0")),
     ]
-    cycles = [c for c in s.usage.recent_cycles() if c.plan == "train"]
+    cycles = [c for c in s.metrics.recent() if c.kind == "cycle"]
     assert cycles[-1].tenants == ("alice", "bob", "carol")
 
 
@@ -296,5 +296,5 @@ def test_usage_is_reported_per_op(toy: ToyExecutor, stores: Stores) -> None:
     ops = {u.kind: u for u in s.usage.drain_ops()}
     assert ops["ForwardBackward"].trained_tokens == 3
     assert ops["Forward"].forward_tokens == 2 and ops["Forward"].trained_tokens == 0
-    assert ops["Sample"].prefill_tokens == 4 and 1 <= ops["Sample"].sampled_tokens <= 3
+    assert ops["Sample"].prompt_tokens == 4 and 1 <= ops["Sample"].sampled_tokens <= 3
     assert all(u.engine_s >= 0 for u in ops.values())

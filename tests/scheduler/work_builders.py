@@ -33,10 +33,22 @@ def rid() -> str:
     return f"req-{next(_ids)}"
 
 
-def make_scheduler(executor, stores: Stores, **config) -> Scheduler:  # type: ignore[no-untyped-def]
+def make_scheduler(executor, stores: Stores, clock=None, **config) -> Scheduler:  # type: ignore[no-untyped-def]
     futures = FutureStore(ttl_s=3600, journal=stores.futures)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
-    return Scheduler(executor, SchedulerConfig(**config), futures, effects)
+    if clock is None:
+        return Scheduler(executor, SchedulerConfig(**config), futures, effects)
+    return Scheduler(executor, SchedulerConfig(**config), futures, effects, clock=clock)
+
+
+class FakeClock:
+    """A monotonic clock tests move by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def drain(scheduler: Scheduler, max_steps: int = 1000) -> int:
@@ -90,3 +102,22 @@ def sample(prompt: list[int], tenant: str = "alice", adapter_id: str | None = No
     return WorkItem(request_id, tenant, "Sample",
                     SampleOp(work, ids, source=source, model_id=model_id),  # type: ignore[arg-type]
                     sampler_key=key)
+
+
+def save(model_id: str, seq: int, stores: Stores, name: str, tenant: str = "alice") -> WorkItem:
+    """A ``save_state`` op writing checkpoint ``name`` of ``model_id``."""
+    from loraplex.domain.ids import TinkerPath
+    from loraplex.scheduler.ops import SaveOp
+
+    pending = stores.checkpoints.allocate(TinkerPath(model_id, "weights", name), tenant,
+                                          ttl_seconds=None, overwrite=False)
+    return WorkItem(rid(), tenant, "SaveWeights", SaveOp(model_id, pending, True),
+                    model_id=model_id, seq_id=seq)
+
+
+def step(scheduler: Scheduler) -> object:
+    """Run one plan; returns it (None when idle)."""
+    plan = scheduler.plan()
+    if plan is not None:
+        scheduler.complete(plan, run_plan(scheduler.executor, plan))
+    return plan

@@ -79,11 +79,19 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
     key = ((sampler.sampler_id, body.seq_id)
            if body.seq_id is not None and body.sampling_session_id is not None else None)
     op = SampleOp(work, sequence_ids, source=sampler.source, model_id=sampler.model_id,
-                  record_for_session=sampler.session_id if body.record_stability_info else None)
+                  record_for_session=sampler.session_id if body.record_stability_info else None,
+                  base_model=served.name, usage_run_id=_usage_run(sampler))
     item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
     admitted = served.scheduler.submit(item, sequence_ids)
     return {"request_id": admitted.request_id,
             "sample_sequence_ids": list(admitted.sample_sequence_ids)}
+
+
+def _usage_run(sampler: SamplerRecord) -> str | None:
+    """The training run a sample's usage is attributed to (None: the bare base model)."""
+    if sampler.model_id is not None:
+        return sampler.model_id
+    return ids.TinkerPath.parse(sampler.model_path).run_id if sampler.model_path else None
 
 
 def _sampler_for(ctx: ServerContext, tenant: str, body: schemas.SampleRequest) -> SamplerRecord:

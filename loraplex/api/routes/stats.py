@@ -1,33 +1,154 @@
-"""``GET /api/v1/loraplex/stats``: server-wide scheduling totals (no tenant breakdown).
+"""``GET /api/v1/loraplex/stats``: how the schedulers are doing, as JSON (any tenant may read
+it; it is the operator's view, so it names tenants).
 
-A minimal view of the schedulers' cycle records: engine calls and engine seconds per plan kind,
-plus what is queued now. The overhead benchmark reads engine time here; issue 5's utilization
-and Prometheus views will grow from the same records.
+Top level: totals over every scheduler (``engine_calls`` / ``engine_s`` per plan kind since
+start, utilization windows, queue waits, per-tenant counters and queue depths). ``schedulers``
+has the same per loaded model plus a summary of its recent clock cycles and the last
+``recent`` cycle records (query parameter, default 50).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from loraplex.api.auth import Tenant
-from loraplex.api.context import ctx_of
+from loraplex.api.context import ServerContext, ctx_of
+from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
+from loraplex.scheduler.scheduler import Scheduler
 
 router = APIRouter(prefix="/api/v1")
 
+WINDOWS_S = (10.0, 60.0, 300.0)
+SERIES_BUCKET_S = 5.0
+SERIES_BUCKETS = 60
+
 
 @router.get("/loraplex/stats")
-async def stats(request: Request, tenant: Tenant) -> dict[str, Any]:
+async def stats(request: Request, tenant: Tenant, recent: int = 50) -> dict[str, Any]:
     ctx = ctx_of(request)
-    calls: dict[str, int] = defaultdict(int)
-    engine_s: dict[str, float] = defaultdict(float)
-    queued = 0
-    for scheduler in ctx.catalog.schedulers():
-        for cycle in scheduler.usage.recent_cycles(n=1_000_000):
-            calls[cycle.plan] += 1
-            engine_s[cycle.plan] += cycle.engine_s
-        queued += scheduler.num_queued()
-    return {"engine_calls": dict(calls), "engine_s": dict(engine_s), "queued_ops": queued,
-            "pending_futures": ctx.futures.num_pending()}
+    sections = [scheduler_stats(s, names, max(0, min(recent, 4096)))
+                for s, names in served_schedulers(ctx)]
+    calls: defaultdict[str, int] = defaultdict(int)
+    engine_s: defaultdict[str, float] = defaultdict(float)
+    tenants: dict[str, dict[str, Any]] = {}
+    for section in sections:
+        for kind, n in section["engine_calls"].items():
+            calls[kind] += n
+        for kind, s in section["engine_s"].items():
+            engine_s[kind] += s
+        for name, counters in section["tenants"].items():
+            tenants[name] = _merge(tenants.get(name), counters)
+    return {
+        "engine_calls": dict(calls), "engine_s": dict(engine_s),
+        "queued_ops": sum(s.num_queued() for s, _ in served_schedulers(ctx)),
+        "pending_futures": ctx.futures.num_pending(),
+        "utilization": _mean_windows([s["utilization"] for s in sections]),  # mean engine
+        "tenants": tenants, "schedulers": sections,
+    }
+
+
+def served_schedulers(ctx: ServerContext) -> list[tuple[Scheduler, list[str]]]:
+    """Each distinct scheduler with the catalogue names it serves."""
+    by_id: dict[int, tuple[Scheduler, list[str]]] = {}
+    for served in ctx.catalog:
+        by_id.setdefault(id(served.scheduler), (served.scheduler, []))[1].append(served.name)
+    return list(by_id.values())
+
+
+def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int) -> dict[str, Any]:
+    m = scheduler.metrics
+    records = m.recent(m.capacity)
+    calls, engine_s, idle_s, overhead_s = m.totals()
+    share = m.share(60.0)
+    busy = sum(share.values())
+    return {
+        "models": names,
+        "engine_calls": calls, "engine_s": engine_s, "idle_s": idle_s, "overhead_s": overhead_s,
+        "utilization": utilization(m),
+        "utilization_series": {"bucket_s": SERIES_BUCKET_S,
+                               "busy": m.busy_series(SERIES_BUCKET_S, SERIES_BUCKETS)},
+        "engine_share_60s": {kind: s / busy for kind, s in share.items()} if busy else {},
+        "cycles": cycle_summary(records),
+        "queue_waits_s": {cls: percentiles(v) for cls, v in m.waits().items()},
+        "tenants": tenant_stats(scheduler),
+        "recent_cycles": [cycle_json(c) for c in records[-recent:]] if recent else [],
+    }
+
+
+def utilization(m: SchedulerMetrics) -> dict[str, float]:
+    return {f"{w:g}s": m.utilization(w) for w in WINDOWS_S}
+
+
+def cycle_summary(records: list[CycleRecord]) -> dict[str, Any]:
+    """What the training cycles in the ring packed, on average."""
+    cycles = [c for c in records if c.kind == "cycle"]
+    if not cycles:
+        return {"count": 0}
+    n = len(cycles)
+    return {
+        "count": n,
+        "mean_ops": sum(c.num_ops for c in cycles) / n,
+        "mean_tenants": sum(len(c.tenants) for c in cycles) / n,
+        "mean_models": sum(c.num_models for c in cycles) / n,
+        "mean_tokens": sum(c.num_tokens for c in cycles) / n,
+        "multi_tenant_fraction": sum(len(c.tenants) > 1 for c in cycles) / n,
+        "mean_engine_s": sum(c.engine_s for c in cycles) / n,
+    }
+
+
+def tenant_stats(scheduler: Scheduler) -> dict[str, dict[str, Any]]:
+    depths = scheduler.queue_depths()
+    out: dict[str, dict[str, Any]] = {}
+    for tenant, c in scheduler.metrics.tenants_snapshot().items():
+        out[tenant] = {
+            "ops": dict(c.ops), "failed": dict(c.failed), "rejected": dict(c.rejected),
+            "engine_s": c.engine_s, "trained_tokens": c.trained_tokens,
+            "forward_tokens": c.forward_tokens, "prompt_tokens": c.prompt_tokens,
+            "cache_hit_tokens": c.cache_hit_tokens, "sampled_tokens": c.sampled_tokens,
+            "queue": depths.get(tenant, {}),
+        }
+    for tenant, depth in depths.items():
+        out.setdefault(tenant, {"queue": depth})
+    return out
+
+
+def cycle_json(cycle: CycleRecord) -> dict[str, Any]:
+    out = asdict(cycle)
+    out["tenants"] = list(cycle.tenants)
+    return out
+
+
+def percentiles(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": ordered[-1]}
+
+
+def _merge(into: dict[str, Any] | None, counters: dict[str, Any]) -> dict[str, Any]:
+    if into is None:
+        return counters
+    out = dict(into)
+    for key, value in counters.items():
+        if isinstance(value, dict):
+            merged = dict(out.get(key, {}))
+            for k, v in value.items():
+                merged[k] = merged.get(k, 0) + v
+            out[key] = merged
+        else:
+            out[key] = out.get(key, 0) + value
+    return out
+
+
+def _mean_windows(sections: list[dict[str, float]]) -> dict[str, float]:
+    if not sections:
+        return {}
+    return {k: sum(s[k] for s in sections) / len(sections) for k in sections[0]}

@@ -1,0 +1,267 @@
+"""Observability of one scheduler: a record per engine plan in a bounded ring, monotonic
+counters (per plan kind and per tenant), recent queue waits, and engine utilization.
+
+Written by the clock thread on every completed plan, read by the stats and Prometheus routes
+from other threads (one lock). Utilization is the engine-busy fraction of wall time: the
+seconds spent inside executor calls that fall in a window, divided by the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from loraplex.scheduler.ops import WorkItem
+from loraplex.scheduler.plan import ControlPlan, CyclePlan, ExpirePlan, Plan, SamplePlan
+from loraplex.scheduler.runner import PlanOutcome
+from loraplex.scheduler.usage import OpUsage
+
+PLAN_KINDS = ("cycle", "control", "sample", "expire", "release")
+"""``cycle``: a training clock cycle (packed forward/forward_backward batch, then optim steps);
+``control``: one create / load / save / snapshot op; ``sample``: a continuous-batching step;
+``expire``: ops failed by the seq gap timeout; ``release``: adapters dropped."""
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    """One plan the clock loop ran.
+
+    Attributes:
+        index: position in the scheduler's history (0, 1, 2, ...).
+        kind: one of `PLAN_KINDS`.
+        started_at: the scheduler clock (monotonic) when the plan was made.
+        wall_time: ``time.time()`` at the same moment (for display).
+        engine_s: seconds inside executor calls.
+        train_s, optim_s: the forward_backward and optim_step parts of a cycle's engine time.
+        idle_s: seconds the engine sat idle before this plan (nothing was ready).
+        overhead_s: scheduler bookkeeping of this plan (planning and completion).
+        tenants: distinct tenants with ops in it.
+        num_models: distinct training models in it.
+        num_ops: ops carried (batch + optim steps; admitted + finished samples).
+        num_tokens: datum tokens of the batch, or prompt tokens admitted.
+        num_running: sampling requests still in the decode batch afterwards.
+        max_wait_s: longest queue wait of an op started by this plan.
+    """
+
+    index: int
+    kind: str
+    started_at: float
+    wall_time: float
+    engine_s: float
+    train_s: float = 0.0
+    optim_s: float = 0.0
+    idle_s: float = 0.0
+    overhead_s: float = 0.0
+    tenants: tuple[str, ...] = ()
+    num_models: int = 0
+    num_ops: int = 0
+    num_tokens: int = 0
+    num_running: int = 0
+    max_wait_s: float = 0.0
+
+
+@dataclass
+class TenantCounters:
+    """Monotonic per-tenant totals since the server started."""
+
+    ops: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    engine_s: float = 0.0
+    trained_tokens: int = 0
+    forward_tokens: int = 0
+    prompt_tokens: int = 0
+    cache_hit_tokens: int = 0
+    sampled_tokens: int = 0
+
+    def add(self, op: OpUsage) -> None:
+        self.ops[op.kind] += 1
+        if op.failed:
+            self.failed[op.kind] += 1
+        self.engine_s += op.engine_s
+        self.trained_tokens += op.trained_tokens
+        self.forward_tokens += op.forward_tokens
+        self.prompt_tokens += op.prompt_tokens
+        self.cache_hit_tokens += op.cache_hit_tokens
+        self.sampled_tokens += op.sampled_tokens
+
+
+class SchedulerMetrics:
+    """Cycle ring, counters and waits of one scheduler.
+
+    Args:
+        max_records: cycle records kept in the ring.
+        clock: the scheduler's monotonic clock.
+    """
+
+    def __init__(self, max_records: int = 4096,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ring: deque[CycleRecord] = deque(maxlen=max(1, max_records))
+        self._next_index = 0
+        self.calls: Counter[str] = Counter()
+        self.engine_s: defaultdict[str, float] = defaultdict(float)
+        self.idle_s = 0.0
+        self.overhead_s = 0.0
+        self.ops: Counter[str] = Counter()
+        self.tenant_slots: Counter[str] = Counter()
+        self.tenants: defaultdict[str, TenantCounters] = defaultdict(TenantCounters)
+        self._waits: dict[str, deque[float]] = {"train": deque(maxlen=4096),
+                                                "sample": deque(maxlen=4096)}
+        self.started_at = clock()
+        self._idle_since = self.started_at
+        self._in_flight: dict[int, tuple[float, float, float, tuple[float, ...]]] = {}
+
+    def record(self, cycle: CycleRecord, ops: list[OpUsage], waits: dict[str, list[float]]
+               ) -> CycleRecord:
+        """Append ``cycle`` (its index assigned here) with its ops' usage and queue waits."""
+        with self._lock:
+            cycle = replace(cycle, index=self._next_index)
+            self._next_index += 1
+            self._ring.append(cycle)
+            self.calls[cycle.kind] += 1
+            self.engine_s[cycle.kind] += cycle.engine_s
+            self.ops[cycle.kind] += cycle.num_ops
+            self.tenant_slots[cycle.kind] += len(cycle.tenants)
+            self.idle_s += cycle.idle_s
+            self.overhead_s += cycle.overhead_s
+            for op in ops:
+                self.tenants[op.tenant].add(op)
+            for cls, values in waits.items():
+                self._waits[cls].extend(values)
+        return cycle
+
+    def totals(self) -> tuple[dict[str, int], dict[str, float], float, float]:
+        """Since start: plans per kind, engine seconds per kind, idle and overhead seconds."""
+        with self._lock:
+            return dict(self.calls), dict(self.engine_s), self.idle_s, self.overhead_s
+
+    def packing(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Since start, per plan kind: ops carried, and distinct tenants summed over plans."""
+        with self._lock:
+            return dict(self.ops), dict(self.tenant_slots)
+
+    @property
+    def capacity(self) -> int:
+        """Most records the ring keeps."""
+        return self._ring.maxlen or 0
+
+    def tenants_snapshot(self) -> dict[str, TenantCounters]:
+        """A consistent copy of the per-tenant counters."""
+        with self._lock:
+            return {t: TenantCounters(Counter(c.ops), Counter(c.failed), Counter(c.rejected),
+                                      c.engine_s, c.trained_tokens, c.forward_tokens,
+                                      c.prompt_tokens, c.cache_hit_tokens, c.sampled_tokens)
+                    for t, c in self.tenants.items()}
+
+    def plan_started(self, plan: Plan, now: float, plan_s: float) -> None:
+        """Note when ``plan`` was made, how long the engine idled before it and the queue
+        waits of the ops it starts (`plan_done` turns that into its record)."""
+        with self._lock:
+            waits = tuple(now - it.enqueued_at for it in _started_items(plan))
+            self._in_flight[id(plan)] = (now, max(0.0, now - self._idle_since), plan_s, waits)
+
+    def plan_done(self, plan: Plan, outcome: PlanOutcome, finished: list[WorkItem],
+                  ops: list[OpUsage], num_running: int, complete_s: float) -> CycleRecord:
+        """Record a completed plan with its ops' usage; returns the record."""
+        record = plan_record(plan, outcome, finished, num_running)
+        with self._lock:
+            started = self._in_flight.pop(id(plan), None)
+            self._idle_since = self._clock()
+        waits: dict[str, list[float]] = {}
+        if started is not None:
+            at, idle_s, plan_s, started_waits = started
+            record = replace(record, started_at=at, idle_s=idle_s,
+                             overhead_s=plan_s + complete_s,
+                             max_wait_s=max(started_waits, default=0.0))
+            waits["sample" if isinstance(plan, SamplePlan) else "train"] = list(started_waits)
+        return self.record(record, ops, waits)
+
+    def rejected(self, tenant: str, kind: str) -> None:
+        """A submit refused by backpressure (HTTP 429)."""
+        with self._lock:
+            self.tenants[tenant].rejected[kind] += 1
+
+    def recent(self, n: int = 100) -> list[CycleRecord]:
+        with self._lock:
+            return list(self._ring)[-n:] if n > 0 else []
+
+    def utilization(self, window_s: float, now: float | None = None) -> float:
+        """Engine-busy fraction of the last ``window_s`` seconds (plans in the ring only)."""
+        now = self._clock() if now is None else now
+        start = max(now - window_s, self.started_at)
+        if now <= start:
+            return 0.0
+        return min(1.0, self._busy_between(start, now) / (now - start))
+
+    def busy_series(self, bucket_s: float, num_buckets: int, now: float | None = None
+                    ) -> list[float]:
+        """Engine-busy fraction per bucket, oldest first, the last bucket ending now."""
+        now = self._clock() if now is None else now
+        edges = [now - bucket_s * (num_buckets - i) for i in range(num_buckets + 1)]
+        return [min(1.0, self._busy_between(a, b) / bucket_s)
+                for a, b in itertools.pairwise(edges)]
+
+    def share(self, window_s: float, now: float | None = None) -> dict[str, float]:
+        """Engine seconds per plan kind in the last ``window_s`` seconds."""
+        now = self._clock() if now is None else now
+        out: defaultdict[str, float] = defaultdict(float)
+        with self._lock:
+            for c in self._ring:
+                out[c.kind] += _overlap(c, now - window_s, now)
+        return dict(out)
+
+    def waits(self) -> dict[str, list[float]]:
+        """Recent queue waits (seconds) of training ops and of sampling requests."""
+        with self._lock:
+            return {cls: list(values) for cls, values in self._waits.items()}
+
+    def _busy_between(self, start: float, end: float) -> float:
+        with self._lock:
+            return sum(_overlap(c, start, end) for c in self._ring)
+
+
+def _overlap(cycle: CycleRecord, start: float, end: float) -> float:
+    """Engine seconds of ``cycle`` inside [start, end] (its engine time follows planning)."""
+    busy_from = cycle.started_at
+    busy_to = busy_from + cycle.engine_s
+    return max(0.0, min(busy_to, end) - max(busy_from, start))
+
+
+
+def plan_record(plan: Plan, outcome: PlanOutcome, finished: list[WorkItem],
+                num_running: int) -> CycleRecord:
+    """The record of a completed plan (timing fields the scheduler fills in)."""
+    items = list(finished)
+    if isinstance(plan, SamplePlan):
+        items = list({it.request_id: it for it in (*plan.admit, *finished)}.values())
+        tokens = sum(it.num_tokens for it in plan.admit)
+    elif isinstance(plan, CyclePlan):
+        tokens = sum(it.num_tokens for it in plan.batch)
+    else:
+        tokens = 0
+    kind = ("cycle" if isinstance(plan, CyclePlan) else "control" if isinstance(plan, ControlPlan)
+            else "sample" if isinstance(plan, SamplePlan)
+            else "expire" if isinstance(plan, ExpirePlan) else "release")
+    return CycleRecord(
+        index=-1, kind=kind, started_at=time.monotonic() - outcome.engine_s,
+        wall_time=time.time() - outcome.engine_s, engine_s=outcome.engine_s,
+        train_s=outcome.train_s, optim_s=outcome.optim_s,
+        tenants=tuple(sorted({it.tenant for it in items})),
+        num_models=len({it.model_id for it in items if it.model_id is not None}),
+        num_ops=len(items), num_tokens=tokens, num_running=num_running)
+
+
+def _started_items(plan: Plan) -> tuple[WorkItem, ...]:
+    if isinstance(plan, CyclePlan):
+        return plan.items
+    if isinstance(plan, ControlPlan):
+        return (plan.item,)
+    if isinstance(plan, SamplePlan):
+        return plan.admit
+    return ()

@@ -1,0 +1,108 @@
+"""Sampling requests of every tenant: waiting → running in the engine's decode batch → done.
+
+Admission is bounded by a KV budget: a request reserves ``prompt + num_samples × max_new``
+tokens (its prompt KV is shared by its samples; ``max_new`` is ``max_tokens``, or the rest of
+the context when unset) from the moment it is admitted until it finishes, so the engine never
+holds more than ``kv_budget_tokens`` of sequences. Waiting requests are admitted by deficit
+round-robin on that reservation across tenants, so one tenant's burst of rollouts cannot keep
+another tenant's requests out of the decode batch. A request larger than the whole budget is
+admitted alone once nothing else runs. Engine time of each decode step is shared by the
+requests running in it, in proportion to their sequences.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+
+from loraplex.scheduler.fairness import DeficitRoundRobin
+from loraplex.scheduler.ops import SampleOp, WorkItem
+
+
+class SampleQueue:
+    """Waiting and running sampling requests.
+
+    Args:
+        kv_budget_tokens: most KV tokens reserved by running requests.
+        quantum: DRR credit per tenant per admission round (KV tokens).
+        max_context: the model's context length (bounds ``max_new`` when unset).
+    """
+
+    def __init__(self, kv_budget_tokens: int, quantum: int, max_context: int) -> None:
+        self.kv_budget_tokens = kv_budget_tokens
+        self.max_context = max_context
+        self._waiting: dict[str, deque[WorkItem]] = defaultdict(deque)
+        self._running: dict[str, WorkItem] = {}
+        self._reserved: dict[str, int] = {}
+        self._engine_s: dict[str, float] = {}
+        self._fairness = DeficitRoundRobin(quantum, cost=self.reservation)
+        self.num_reserved = 0
+
+    def reservation(self, item: WorkItem) -> int:
+        """KV tokens ``item`` may occupy while it runs."""
+        op = item.op
+        assert isinstance(op, SampleOp)
+        prompt = len(op.work.prompt)
+        max_new = op.work.params.max_tokens
+        if max_new is None:
+            max_new = max(1, self.max_context - prompt)
+        return prompt + op.work.num_samples * max_new
+
+    def add(self, item: WorkItem) -> None:
+        self._waiting[item.tenant].append(item)
+
+    def has_work(self) -> bool:
+        return bool(self._running) or self.num_waiting() > 0
+
+    def num_waiting(self, tenant: str | None = None) -> int:
+        if tenant is not None:
+            return len(self._waiting.get(tenant, ()))
+        return sum(len(q) for q in self._waiting.values())
+
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def waiting_by_tenant(self) -> Counter[str]:
+        return Counter({t: len(q) for t, q in self._waiting.items() if q})
+
+    def running_by_tenant(self) -> Counter[str]:
+        return Counter(item.tenant for item in self._running.values())
+
+    def admit(self) -> list[WorkItem]:
+        """Move the requests that fit in the KV budget from waiting to running."""
+        room = self.kv_budget_tokens - self.num_reserved
+        chosen = self._fairness.select(self._waiting, room, allow_oversize=not self._running)
+        for item in chosen:
+            queue = self._waiting[item.tenant]
+            assert queue[0] is item
+            queue.popleft()
+            if not queue:
+                del self._waiting[item.tenant]
+            self._running[item.request_id] = item
+            self._reserved[item.request_id] = self.reservation(item)
+            self._engine_s[item.request_id] = 0.0
+            self.num_reserved += self._reserved[item.request_id]
+        return chosen
+
+    def charge(self, engine_s: float) -> None:
+        """Share one decode step's engine time among the running requests by sequences."""
+        sequences = {rid: _num_sequences(item) for rid, item in self._running.items()}
+        total = sum(sequences.values())
+        for rid, n in sequences.items():
+            self._engine_s[rid] += engine_s * n / total
+
+    def finish(self, request_id: str) -> tuple[WorkItem, float] | None:
+        """Remove a finished request; returns it and its accumulated engine seconds."""
+        item = self._running.pop(request_id, None)
+        if item is None:
+            return None
+        self.num_reserved -= self._reserved.pop(request_id)
+        return item, self._engine_s.pop(request_id)
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
+
+def _num_sequences(item: WorkItem) -> int:
+    op = item.op
+    assert isinstance(op, SampleOp)
+    return max(1, op.work.num_samples)

@@ -1,0 +1,112 @@
+"""Sampling admission under the KV budget (bounded, fair across tenants, never stuck), the
+queue state the SDK sees while waiting, and how training and sampling share the engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from loraplex.scheduler.engine_share import EngineShare
+from loraplex.scheduler.plan import CyclePlan, SamplePlan
+from loraplex.scheduler.runner import run_plan
+from loraplex.store.stores import Stores
+from tests.fakes import ToyExecutor
+from tests.scheduler.work_builders import (
+    create,
+    datum,
+    drain,
+    fwd_bwd,
+    make_scheduler,
+    optim,
+    sample,
+)
+
+
+def test_admission_is_bounded_by_the_kv_budget_and_fair_across_tenants(
+    toy: ToyExecutor, stores: Stores
+) -> None:
+    # Each request reserves prompt 2 + 2 samples × 3 tokens = 8 KV tokens; the budget holds 2.
+    s = make_scheduler(toy, stores, sample_kv_budget_tokens=16, quantum_tokens=8,
+                       decode_steps_per_cycle=1)
+    alice = [sample([2, 3], max_tokens=3, num_samples=2) for _ in range(5)]
+    bob = sample([4, 5], tenant="bob", max_tokens=3, num_samples=2)
+    for item in (*alice, bob):
+        s.submit(item)
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan)
+    assert sorted(it.tenant for it in plan.admit) == ["alice", "bob"], "bob is not queued behind"
+    assert s.queue_state("alice") == "paused_capacity"
+    s.complete(plan, run_plan(toy, plan))
+    steps = 1
+    while (plan := s.plan()) is not None:
+        assert s._samples.num_reserved <= 16
+        assert toy.num_running_samples() + len(plan.admit) <= 2  # type: ignore[union-attr]
+        s.complete(plan, run_plan(toy, plan))
+        steps += 1
+    assert all(s.futures.get(it.request_id, it.tenant).error is None for it in (*alice, bob))
+    assert s.queue_state("alice") == "active"
+    waits = s.metrics.waits()["sample"]
+    assert len(waits) == 6 and max(waits) >= 0
+
+
+def test_a_request_larger_than_the_budget_runs_alone(toy: ToyExecutor, stores: Stores) -> None:
+    s = make_scheduler(toy, stores, sample_kv_budget_tokens=4)
+    big = sample([2, 3], max_tokens=8, num_samples=4)
+    small = sample([2, 3], max_tokens=1)
+    s.submit(big)
+    s.submit(small)
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan) and [it.request_id for it in plan.admit] == [
+        big.request_id]
+    s.complete(plan, run_plan(toy, plan))
+    drain(s)
+    assert s.futures.get(small.request_id, "alice").is_done
+
+
+def test_engine_share_gives_each_class_its_fraction_of_engine_time() -> None:
+    share = EngineShare(sample_share=0.25)
+    used = {"train": 0.0, "sample": 0.0}
+    cost = {"train": 0.8, "sample": 0.03}  # a long cycle vs short decode steps
+    for _ in range(2000):
+        cls = share.pick(True, True)
+        assert cls is not None
+        share.charge(cls, cost[cls])
+        used[cls] += cost[cls]
+    assert abs(used["sample"] / sum(used.values()) - 0.25) < 0.01
+
+
+def test_an_idle_class_banks_no_credit() -> None:
+    share = EngineShare(sample_share=0.5)
+    for _ in range(100):
+        share.charge(share.pick(True, False) or "train", 1.0)  # sampling idle for 100 s
+    picks = []
+    for _ in range(4):
+        cls = share.pick(True, True)
+        assert cls is not None
+        share.charge(cls, 1.0)
+        picks.append(cls)
+    assert picks.count("train") >= 1, f"sampling did not get 100 s of catch-up: {picks}"
+
+
+def test_training_and_sampling_both_progress_by_engine_time(
+    toy: ToyExecutor, stores: Stores
+) -> None:
+    s = make_scheduler(toy, stores, decode_steps_per_cycle=1, sample_share=0.5)
+    s.submit(create("m:train:0"))
+    drain(s)
+    for seq in range(1, 41, 2):
+        s.submit(fwd_bwd("m:train:0", seq, [datum([2, 3, 4, 5])]))
+        s.submit(optim("m:train:0", seq + 1))
+    for _ in range(40):
+        s.submit(sample([2, 3], max_tokens=400))
+    fake_s = {CyclePlan: 0.02, SamplePlan: 0.005}  # engine seconds each kind of plan "takes"
+    engine = {CyclePlan: 0.0, SamplePlan: 0.0}
+    while s._has_training() and s._samples.has_work():  # the stretch where both wait
+        plan = s.plan()
+        assert plan is not None
+        outcome = replace(run_plan(toy, plan), engine_s=fake_s[type(plan)])
+        s.complete(plan, outcome)
+        engine[type(plan)] += fake_s[type(plan)]
+    assert engine[CyclePlan] >= 0.1, "several training cycles ran while sampling was busy"
+    assert abs(engine[SamplePlan] / sum(engine.values()) - 0.5) < 0.1, engine
+    share = s.metrics.share(window_s=1e9)
+    assert share["cycle"] > 0 and share["sample"] > 0
