@@ -1,0 +1,113 @@
+"""Choosing next tokens from a batch of logits rows, each row with its own parameters.
+
+Every operation is row-local (log_softmax, sort, cumsum, argmax over one row), and each row's
+randomness is one uniform from its own counter stream (`random_stream`), drawn by inverse CDF,
+so a row's token never depends on the other rows. Logprobs are Tinker's: the log-probability
+of the token under the temperature-scaled distribution ``log_softmax(logits / T)`` before top-k
+/ top-p truncation (at T = 1 exactly the training forward's logprob, bit for bit; greedy rows
+report T = 1). Knows nothing about sequences, stops or the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """Sampling parameters of each row (all ``[B]``).
+
+    Attributes:
+        temperature_B: 0 → greedy (argmax).
+        top_k_B: keep the k most likely tokens; ≤ 0 or ≥ vocab: off.
+        top_p_B: keep the smallest most-likely set with mass ≥ p; 1: off.
+        uniform_B: fp64 uniforms in [0, 1), one per row (ignored for greedy rows).
+        topk_B: how many alternatives to report per row (0: none).
+    """
+
+    temperature_B: torch.Tensor
+    top_k_B: torch.Tensor
+    top_p_B: torch.Tensor
+    uniform_B: torch.Tensor
+    topk_B: torch.Tensor
+
+    @staticmethod
+    def build(temperature: list[float], top_k: list[int], top_p: list[float],
+              uniforms: list[float], topk: list[int], device: torch.device) -> RowParams:
+        return RowParams(torch.tensor(temperature, dtype=torch.float32, device=device),
+                         torch.tensor(top_k, dtype=torch.long, device=device),
+                         torch.tensor(top_p, dtype=torch.float64, device=device),
+                         torch.tensor(uniforms, dtype=torch.float64, device=device),
+                         torch.tensor(topk, dtype=torch.long, device=device))
+
+
+@dataclass(frozen=True)
+class SampledTokens:
+    """Per row: the token, its logprob, and the top alternatives (``[B, K]``, K = max k asked;
+    a row asking for fewer uses its first k columns)."""
+
+    tokens_B: torch.Tensor
+    logprobs_B: torch.Tensor
+    topk_ids_B_K: torch.Tensor | None
+    topk_logprobs_B_K: torch.Tensor | None
+
+
+def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
+    """Draw one token per row (the algorithm; reads top to bottom)."""
+    logits = logits_B_V.to(torch.float32)
+    num_rows, vocab = logits.shape
+    is_greedy = params.temperature_B == 0
+    temperature = torch.where(is_greedy, 1.0, params.temperature_B)
+    # x / 1.0 == x exactly, so T = 1 rows are bitwise the training forward's log_softmax.
+    scaled = logits if bool((temperature == 1).all()) else logits / temperature[:, None]
+    logprobs_B_V = torch.log_softmax(scaled, dim=-1)
+
+    tokens = torch.argmax(logits, dim=-1)
+    is_truncated = ((params.top_k_B > 0) & (params.top_k_B < vocab)) | (params.top_p_B < 1)
+    plain = (~is_greedy & ~is_truncated).nonzero().squeeze(1)
+    if plain.numel():
+        probs = logprobs_B_V.index_select(0, plain).exp()
+        tokens[plain] = _inverse_cdf(probs, params.uniform_B[plain])
+    truncated = (~is_greedy & is_truncated).nonzero().squeeze(1)
+    if truncated.numel():
+        tokens[truncated] = _sample_truncated(
+            logprobs_B_V.index_select(0, truncated), params.top_k_B[truncated],
+            params.top_p_B[truncated], params.uniform_B[truncated])
+
+    chosen = logprobs_B_V.gather(1, tokens[:, None]).squeeze(1)
+    k = int(params.topk_B.max()) if num_rows else 0
+    if k == 0:
+        return SampledTokens(tokens, chosen, None, None)
+    top_lp, top_ids = logprobs_B_V.topk(k, dim=-1)
+    return SampledTokens(tokens, chosen, top_ids, top_lp)
+
+
+def _inverse_cdf(probs_N_V: torch.Tensor, uniform_N: torch.Tensor) -> torch.Tensor:
+    """Index where the fp64 running sum of each row first exceeds ``u · total``; a token with
+    zero probability can never be chosen (its running sum equals its predecessor's)."""
+    cum = probs_N_V.to(torch.float64).cumsum(-1)
+    target = uniform_N * cum[:, -1]
+    index = torch.searchsorted(cum, target[:, None], right=True).squeeze(1)
+    return index.clamp_max(probs_N_V.shape[1] - 1)
+
+
+def _sample_truncated(logprobs_N_V: torch.Tensor, top_k_N: torch.Tensor, top_p_N: torch.Tensor,
+                      uniform_N: torch.Tensor) -> torch.Tensor:
+    """Top-k, then top-p on the renormalised top-k distribution (vLLM's order), on the
+    descending-sorted distribution; then inverse CDF over what is kept. The most likely token
+    is always kept."""
+    vocab = logprobs_N_V.shape[1]
+    sorted_lp, order = logprobs_N_V.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_lp.exp()
+    rank = torch.arange(vocab, device=probs.device)
+    k = torch.where(top_k_N > 0, top_k_N, vocab)
+    keep = rank[None, :] < k[:, None]
+    probs = torch.where(keep, probs, 0.0)
+    probs64 = probs.to(torch.float64)
+    cum = probs64.cumsum(-1)
+    mass_before = (cum - probs64) / cum[:, -1:]
+    keep &= mass_before < top_p_N[:, None]
+    probs = torch.where(keep, probs, 0.0)
+    return order.gather(1, _inverse_cdf(probs, uniform_N)[:, None]).squeeze(1)

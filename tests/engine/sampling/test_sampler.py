@@ -1,0 +1,291 @@
+"""Sampler behaviour: Tinker's sampling parameters, stops, scores, validation, continuous
+batching, prefix sharing and adapter lifecycle, on the built-in tiny model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from loraplex.domain.sampling import StopCondition
+from loraplex.engine.model.packed_batch import SequenceInput
+from loraplex.engine.model.transformer import Transformer
+from loraplex.engine.sampling.sequence import TOPK_SENTINEL
+from loraplex.errors import LoraplexError, NotFoundError, UserError
+from tests.engine.sampling.rig import NO_STOP, Rig, make_rig, ok, random_tokens, run, work
+
+PROMPT = list(range(40, 110))  # 70 tokens: one full page + a partial one
+
+
+def next_token_logits(rig: Rig, tokens: list[int], adapter: str | None) -> torch.Tensor:
+    """Training-path logits ``[len(tokens), vocab]`` of a full forward."""
+    batch = rig.model.pack([SequenceInput(tokens, adapter)])
+    lora = rig.bank.stack(batch, rank_multiple=rig.model.rank_multiple, dtype=torch.float32)
+    with torch.no_grad():
+        return batch.gather_from_rows(rig.model.logits(rig.model.forward(batch, lora), lora))
+
+
+def greedy(rig: Rig, n: int, adapter: str | None = "a", prompt: list[int] = PROMPT) -> list[int]:
+    result = ok(run(rig.sampler(), [work("g", prompt, adapter, max_tokens=n, temperature=0.0,
+                                         stop=NO_STOP)])["g"])
+    return list(result.sequences[0].tokens)
+
+
+# ---- sampling parameters -----------------------------------------------------------------
+
+
+def test_same_seed_same_tokens_and_the_samples_of_a_request_differ(rig: Rig) -> None:
+    first = ok(run(rig.sampler(), [work("r", PROMPT, "a", 4, max_tokens=12, seed=5,
+                                        stop=NO_STOP)])["r"])
+    again = ok(run(rig.sampler(), [work("r", PROMPT, "a", 4, max_tokens=12, seed=5,
+                                        stop=NO_STOP)])["r"])
+    other = ok(run(rig.sampler(), [work("r", PROMPT, "a", 4, max_tokens=12, seed=6,
+                                        stop=NO_STOP)])["r"])
+    tokens = [list(s.tokens) for s in first.sequences]
+    assert tokens == [list(s.tokens) for s in again.sequences]
+    assert tokens != [list(s.tokens) for s in other.sequences]
+    assert len({tuple(t) for t in tokens}) == 4
+
+
+def test_greedy_follows_the_argmax_of_the_training_forward(rig: Rig) -> None:
+    tokens = greedy(rig, 10)
+    logits = next_token_logits(rig, PROMPT + tokens, "a")[len(PROMPT) - 1:-1]
+    assert logits.argmax(-1).tolist() == tokens
+
+
+def test_temperature_scales_the_reported_logprobs(rig: Rig) -> None:
+    """Tinker reports log p_T = log_softmax(logits / T) of the sampled token."""
+    logits = next_token_logits(rig, PROMPT, "a")[-1]
+    for temperature in (0.5, 1.7):
+        result = ok(run(rig.sampler(), [work("t", PROMPT, "a", 8, max_tokens=1, seed=1,
+                                             temperature=temperature)])["t"])
+        expected = torch.log_softmax(logits / temperature, dim=-1)
+        for seq in result.sequences:
+            assert seq.logprobs[0] == pytest.approx(float(expected[seq.tokens[0]]), abs=1e-5)
+
+
+def test_top_k_and_top_p_restrict_the_support(rig: Rig) -> None:
+    logits = next_token_logits(rig, PROMPT, None)[-1]
+    probs = torch.softmax(logits / 3.0, dim=-1)  # a hot temperature spreads the mass
+    order = probs.argsort(descending=True).tolist()
+    nucleus = order[:int((probs[order].cumsum(0) < 0.3).sum()) + 1]
+    top3 = set(order[:3])
+    top_k = ok(run(rig.sampler(), [work("k", PROMPT, None, 64, max_tokens=1, seed=2,
+                                        temperature=3.0, top_k=3)])["k"])
+    top_p = ok(run(rig.sampler(), [work("p", PROMPT, None, 64, max_tokens=1, seed=2,
+                                        temperature=3.0, top_p=0.3)])["p"])
+    plain = ok(run(rig.sampler(), [work("n", PROMPT, None, 64, max_tokens=1, seed=2,
+                                        temperature=3.0)])["n"])
+    assert {s.tokens[0] for s in top_k.sequences} <= top3
+    assert {s.tokens[0] for s in top_p.sequences} <= set(nucleus)
+    assert not {s.tokens[0] for s in plain.sequences} <= top3 | set(nucleus)
+
+
+# ---- stops -------------------------------------------------------------------------------
+
+
+def test_stop_token_ids_end_the_completion_and_are_kept(rig: Rig) -> None:
+    tokens = greedy(rig, 12)
+    stop_at = next(i for i in range(3, 12) if tokens[i] not in tokens[:i])
+    result = ok(run(rig.sampler(), [work("s", PROMPT, "a", max_tokens=12, temperature=0.0,
+                                         stop=StopCondition(token_ids=(tokens[stop_at],)))])["s"])
+    seq = result.sequences[0]
+    assert list(seq.tokens) == tokens[:stop_at + 1]
+    assert seq.stop_reason == "stop"
+    assert len(seq.logprobs) == stop_at + 1
+
+
+def test_eos_stops_by_default_and_an_empty_stop_list_samples_past_it(rig: Rig) -> None:
+    tokens = greedy(rig, 12)
+    eos = next(t for i, t in enumerate(tokens) if i >= 2 and t not in tokens[:i])
+    spec = replace(rig.model.spec, eos_token_ids=(eos,))
+    rig.model = Transformer(spec, rig.model.weights, rig.model.options)
+    stopped = ok(run(rig.sampler(), [work("e", PROMPT, "a", max_tokens=12,
+                                          temperature=0.0)])["e"]).sequences[0]
+    assert list(stopped.tokens) == tokens[:tokens.index(eos) + 1]
+    assert stopped.stop_reason == "stop"
+    past = ok(run(rig.sampler(), [work("e", PROMPT, "a", max_tokens=12, temperature=0.0,
+                                       stop=NO_STOP)])["e"]).sequences[0]
+    assert list(past.tokens) == tokens and past.stop_reason == "length"
+
+
+def test_stop_strings_keep_the_tokens_through_the_one_that_completes_them(rig: Rig) -> None:
+    tokenizer = Tokenizer.from_file(str(rig.model_dir / "tokenizer.json"))
+    tokens = greedy(rig, 16)
+    texts = [tokenizer.decode(tokens[:i + 1], skip_special_tokens=False) for i in range(16)]
+    end = next(i for i in range(4, 16) if len(texts[i]) > len(texts[i - 1]) + 1
+               and texts[i][-2:] not in texts[i - 1])
+    stop = texts[end][-2:]  # two characters the end-th token completes
+    result = ok(run(rig.sampler(), [work("s", PROMPT, "a", max_tokens=16, temperature=0.0,
+                                         stop=StopCondition(strings=(stop,)))])["s"])
+    seq = result.sequences[0]
+    first = next(i for i, t in enumerate(texts) if stop in t)
+    assert list(seq.tokens) == tokens[:first + 1] and seq.stop_reason == "stop"
+
+
+def test_max_tokens_none_runs_to_the_context_limit(tiny_model_dir) -> None:
+    rig = make_rig(tiny_model_dir, max_context=80)
+    result = ok(run(rig.sampler(), [work("c", PROMPT, "b", 2, stop=NO_STOP)])["c"])
+    assert [len(s.tokens) for s in result.sequences] == [10, 10]
+    assert {s.stop_reason for s in result.sequences} == {"length"}
+
+
+# ---- scores ------------------------------------------------------------------------------
+
+
+def test_prompt_logprobs_last_n_and_topk_prompt_logprobs(rig: Rig) -> None:
+    full = rig.training_logprobs(PROMPT, "b")
+    result = ok(run(rig.sampler(), [work("p", PROMPT, "b", max_tokens=1, prompt_logprobs=True,
+                                         prompt_logprobs_last_n=6,
+                                         topk_prompt_logprobs=3)])["p"])
+    assert result.prompt_logprobs is not None and result.topk_prompt_logprobs is not None
+    got = list(result.prompt_logprobs)
+    assert len(got) == len(PROMPT)
+    assert all(math.isnan(x) for x in got[:-6])
+    assert got[-6:] == full[-6:].tolist()
+    topk = result.topk_prompt_logprobs
+    assert (topk.k, topk.length) == (3, len(PROMPT))
+    ids, lps = list(topk.token_ids), list(topk.logprobs)
+    assert ids[:3 * (len(PROMPT) - 6)] == [TOPK_SENTINEL[0]] * (3 * (len(PROMPT) - 6))
+    assert lps[:3] == [TOPK_SENTINEL[1]] * 3
+    last = ids[-3:]
+    assert PROMPT[-1] not in last or lps[-3 + last.index(PROMPT[-1])] == pytest.approx(got[-1])
+    assert lps[-3] >= lps[-2] >= lps[-1] >= got[-1] or PROMPT[-1] in last
+
+
+def test_topk_sample_logprobs_hold_the_greedy_token_first(rig: Rig) -> None:
+    result = ok(run(rig.sampler(), [work("k", PROMPT, "a", max_tokens=5, temperature=0.0,
+                                         stop=NO_STOP, topk_sample_logprobs=4)])["k"])
+    seq = result.sequences[0]
+    assert seq.topk_logprobs is not None and (seq.topk_logprobs.k, seq.topk_logprobs.length) \
+        == (4, 5)
+    ids, lps = list(seq.topk_logprobs.token_ids), list(seq.topk_logprobs.logprobs)
+    assert ids[::4] == list(seq.tokens)
+    assert lps[::4] == list(seq.logprobs)
+
+
+def test_max_tokens_zero_returns_scores_and_empty_completions(rig: Rig) -> None:
+    result = ok(run(rig.sampler(), [work("z", PROMPT, None, 2, max_tokens=0,
+                                         prompt_logprobs=True)])["z"])
+    assert [list(s.tokens) for s in result.sequences] == [[], []]
+    assert {s.stop_reason for s in result.sequences} == {"length"}
+    assert result.prompt_logprobs is not None
+    assert list(result.prompt_logprobs)[1:] == rig.training_logprobs(PROMPT, None).tolist()
+
+
+# ---- validation and failures -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    (dict(prompt=[]), "prompt"),
+    (dict(prompt=[5] * 9000), "prompt"),  # the tiny model's context is 8192
+    (dict(prompt=[1, 2, 5000]), "prompt[2]"),
+    (dict(max_tokens=-1), "sampling_params.max_tokens"),
+    (dict(top_p=0.0), "sampling_params.top_p"),
+    (dict(top_p=1.5), "sampling_params.top_p"),
+    (dict(temperature=-1.0), "sampling_params.temperature"),
+    (dict(top_k=-2), "sampling_params.top_k"),
+    (dict(num_samples=0), "num_samples"),
+    (dict(topk_sample_logprobs=100_000), "topk_sample_logprobs"),
+    (dict(topk_prompt_logprobs=-1), "topk_prompt_logprobs"),
+    (dict(prompt_logprobs_last_n=3), "prompt_logprobs_last_n"),
+    (dict(stop=StopCondition(token_ids=(1, 99_999))), "sampling_params.stop[1]"),
+    (dict(stop=StopCondition(strings=("",))), "sampling_params.stop"),
+    (dict(num_samples=1000), "num_samples"),  # prompt + tails exceed the 256-page cache
+])
+def test_invalid_requests_fail_alone_naming_the_field(rig: Rig, kwargs: dict,
+                                                      field: str) -> None:
+    prompt = kwargs.pop("prompt", PROMPT)
+    num_samples = kwargs.pop("num_samples", 1)
+    bad = work("bad", prompt, "a", num_samples, **kwargs)
+    outcomes = run(rig.sampler(), [bad, work("good", PROMPT, "a", max_tokens=3)])
+    error = outcomes["bad"]
+    assert isinstance(error, UserError) and error.field == field, error
+    assert len(ok(outcomes["good"]).sequences[0].tokens) <= 3
+
+
+def test_an_adapter_that_cannot_be_loaded_fails_its_request_alone(rig: Rig) -> None:
+    outcomes = run(rig.sampler(), [work("x", PROMPT, "missing", adapter_dir="/ckpt/x"),
+                                   work("y", PROMPT, "a", max_tokens=2)])
+    assert isinstance(outcomes["x"], LoraplexError)
+    assert ("missing", "/ckpt/x") in rig.loads
+    ok(outcomes["y"])
+
+
+def test_an_adapter_deleted_while_sampling_fails_only_its_requests(rig: Rig) -> None:
+    sampler = rig.sampler()
+    assert sampler.step([work("c", PROMPT, "c", 2, max_tokens=50, stop=NO_STOP),
+                         work("a", PROMPT, "a", max_tokens=50, stop=NO_STOP)], 2) == []
+    rig.bank.delete("c")
+    outcomes = run(sampler, [])
+    assert isinstance(outcomes["c"], NotFoundError)
+    assert len(ok(outcomes["a"]).sequences[0].tokens) == 50
+    assert sampler.pool.num_free == 256  # the failed request's pages came back
+
+
+# ---- continuous batching, sharing, caching -----------------------------------------------
+
+
+def test_requests_join_and_leave_the_running_batch_between_steps(rig: Rig) -> None:
+    sampler = rig.sampler()
+    assert sampler.step([work("long", PROMPT, "a", max_tokens=30, stop=NO_STOP)], 4) == []
+    assert sampler.num_running() == 1
+    done = sampler.step([work("short", PROMPT[:20], "b", max_tokens=3, stop=NO_STOP)], 4)
+    assert [rid for rid, _ in done] == ["short"]
+    assert sampler.num_running() == 1
+    outcomes = run(sampler, [])
+    assert len(ok(outcomes["long"]).sequences[0].tokens) == 30
+
+
+def test_the_samples_of_a_request_compute_the_prompt_once(rig: Rig) -> None:
+    sampler = rig.sampler()
+    sampler.step([work("g", PROMPT, "a", 8, max_tokens=40, stop=NO_STOP)], 0)
+    assert sampler.stats.prefill_tokens == len(PROMPT)
+    # One shared full page (refcount 8) and eight private partial pages (one copied per fork).
+    refs = sorted(b.ref_count for b in sampler.pool.blocks.blocks if b.ref_count)
+    assert refs == [1] * 8 + [8]
+
+
+def test_same_step_requests_with_the_same_prompt_fork_from_one_prefill(rig: Rig) -> None:
+    sampler = rig.sampler()
+    outcomes = run(sampler, [work(f"r{i}", PROMPT, "b", max_tokens=4, seed=i) for i in range(4)])
+    assert sampler.stats.prefill_tokens == len(PROMPT)
+    assert [ok(outcomes[f"r{i}"]).prompt_cache_hit_tokens for i in range(4)] == [0, 70, 70, 70]
+    solo = ok(run(rig.sampler(), [work("r2", PROMPT, "b", max_tokens=4, seed=2)])["r2"])
+    assert list(solo.sequences[0].tokens) == list(ok(outcomes["r2"]).sequences[0].tokens)
+
+
+def test_base_model_and_adapter_versions_never_share_cached_pages(rig: Rig) -> None:
+    sampler = rig.sampler()
+
+    def hits(adapter: str | None) -> int:
+        return ok(run(sampler, [work("h", PROMPT, adapter, max_tokens=1)])["h"]
+                  ).prompt_cache_hit_tokens
+
+    assert [hits(None), hits("a"), hits("b"), hits("a"), hits(None)] == [0, 0, 0, 64, 64]
+    sampler.invalidate_adapter("a")  # e.g. an optim_step changed a live adapter in place
+    assert [hits("a"), hits("b")] == [0, 64]
+    adapter = rig.bank.get("b")
+    rig.bank.delete("b")
+    rig.bank.put("b", adapter.frozen_copy())  # same id, another object: another version
+    assert hits("b") == 0
+
+
+def test_a_full_cache_makes_admission_wait_without_corrupting_running_sequences(
+        tiny_model_dir) -> None:
+    rig = make_rig(tiny_model_dir, kv_cache_blocks=8)
+    gen = torch.Generator().manual_seed(1)
+    works = [work(f"w{i}", random_tokens(gen, 60 + i), "abc"[i % 3] if i % 4 else None, 2,
+                  max_tokens=70, seed=i, stop=NO_STOP) for i in range(6)]
+    sampler = rig.sampler()
+    assert sampler.step(works, 1) == []
+    assert sampler.num_running() == 6
+    tight = run(sampler, [])
+    roomy = run(make_rig(tiny_model_dir).sampler(), works)
+    for request_id, outcome in roomy.items():
+        assert [list(s.tokens) for s in ok(tight[request_id]).sequences] == \
+            [list(s.tokens) for s in ok(outcome).sequences]
+    assert sampler.pool.num_free == 8
