@@ -13,24 +13,26 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from loraplex.api import errors, housekeeping
+from loraplex.api import errors, housekeeping, metering
 from loraplex.api.auth import KeyCache
 from loraplex.api.context import ServerContext
 from loraplex.api.routes import (
     client,
     downloads,
     futures,
+    metrics,
     models,
     runs,
     sampling,
     sessions,
     stats,
     training,
+    usage,
     weights,
 )
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
-           stats)
+           stats, metrics, usage)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -40,11 +42,14 @@ def create_app(ctx: ServerContext) -> FastAPI:
         await asyncio.to_thread(housekeeping.sweep, ctx)
         ctx.catalog.start()
         upkeep = asyncio.create_task(housekeeping.run_forever(ctx))
+        meter = asyncio.create_task(metering.run_forever(ctx))
         try:
             yield
         finally:
             upkeep.cancel()
+            meter.cancel()
             await asyncio.to_thread(ctx.catalog.stop)
+            await asyncio.to_thread(metering.flush, ctx)
 
     app = FastAPI(title="loraplex", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

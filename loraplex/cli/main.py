@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.serve_cmd",
     "loraplex.cli.keys_cmd",
     "loraplex.cli.demo_cmd",
+    "loraplex.cli.usage_cmd",
 )
 
 

@@ -36,29 +36,28 @@ class CyclePacker:
     """Stateful across cycles (DRR credit, timeslice turn).
 
     Args:
-        config: the scheduler's config slice (``token_budget``, ``quantum_tokens``,
-            ``timeslice``).
+        quantum: DRR credit per tenant per round (tokens).
     """
 
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self._fairness = DeficitRoundRobin(config.quantum_tokens)
+    def __init__(self, quantum: int) -> None:
+        self._fairness = DeficitRoundRobin(quantum)
         self._turn = 0
 
-    def pack(self, runs: dict[str, list[WorkItem]]) -> PackedCycle:
-        """Choose the cycle's ops from ``runs`` (model id → its non-empty ready run)."""
+    def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig) -> PackedCycle:
+        """Choose the cycle's ops from ``runs`` (model id → its non-empty ready run) under
+        ``config.token_budget`` (``config.timeslice``: one model)."""
         fwd = {m: [it for it in r if not isinstance(it.op, OptimStepOp)] for m, r in runs.items()}
         order = sorted(runs, key=lambda m: runs[m][0].enqueued_at)
-        if self.config.timeslice:
+        if config.timeslice:
             model = order[self._turn % len(order)]
             self._turn += 1
             runs = {model: runs[model]}
-            chosen = _prefix_within(fwd[model], self.config.token_budget)
+            chosen = _prefix_within(fwd[model], config.token_budget)
         else:
             by_tenant: defaultdict[str, list[WorkItem]] = defaultdict(list)
             for m in order:
                 by_tenant[runs[m][0].tenant].extend(fwd[m])
-            chosen = self._fairness.select(by_tenant, self.config.token_budget)
+            chosen = self._fairness.select(by_tenant, config.token_budget)
         taken = Counter(it.model_id for it in chosen)
         batch: list[WorkItem] = []
         optim: list[WorkItem] = []

@@ -101,7 +101,7 @@ class Scheduler:
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
         self._inflight: Counter[str] = Counter()
         self._tokens_since_step: Counter[str] = Counter()
-        self._packer = CyclePacker(config)
+        self._packer = CyclePacker(config.quantum_tokens)
         self._share = EngineShare(config.sample_share)
         self._last_training = "control"
         self._plan_class: dict[int, WorkClass] = {}
@@ -306,7 +306,7 @@ class Scheduler:
         return self._build_cycle(runs, now)
 
     def _build_cycle(self, runs: dict[str, list[WorkItem]], now: float) -> CyclePlan:
-        packed = self._packer.pack(runs)
+        packed = self._packer.pack(runs, self.config)
         for model_id, items in packed.started.items():
             self._queues[model_id].start(items, now)
         return CyclePlan(packed.batch, packed.optim)
