@@ -79,4 +79,7 @@ def _json_result(result: Any) -> dict[str, Any]:
 
 def _queue_state(ctx: ServerContext, tenant: str) -> str:
     states = {s.scheduler.queue_state(tenant) for s in ctx.catalog}
-    return "paused_rate_limit" if "paused_rate_limit" in states else "active"
+    for state in ("paused_rate_limit", "paused_capacity"):  # the most severe one
+        if state in states:
+            return state
+    return "active"
