@@ -64,7 +64,9 @@ class SchedulerConfig:
             memory per training run (older sampling sessions of that run stop working).
         max_checkpoint_samplers: checkpoint-backed sampler adapters kept loaded (LRU).
         sample_kv_budget_tokens: KV tokens running sampling requests may reserve (prompt +
-            num_samples × max_tokens each); keep it within the engine's KV cache.
+            num_samples × max_tokens each, the worst case). About twice the engine's KV
+            cache by default: most samples stop before max_tokens, and when pages do run out
+            the engine preempts and later recomputes its newest sequences.
         sample_share: engine-time share sampling gets while training also waits (0..1).
         seq_gap_timeout_s: ops stuck this long behind a seq_id that never arrived are failed
             and the missing seq_id is skipped (None: wait forever). Longer than the SDK's
@@ -79,7 +81,7 @@ class SchedulerConfig:
     decode_steps_per_cycle: int = 8
     max_sampler_snapshots_per_model: int = 4
     max_checkpoint_samplers: int = 16
-    sample_kv_budget_tokens: int = 131072
+    sample_kv_budget_tokens: int = 262144
     sample_share: float = 0.5
     seq_gap_timeout_s: float | None = 900.0
     cycle_history: int = 4096

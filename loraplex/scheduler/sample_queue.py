@@ -2,8 +2,10 @@
 
 Admission is bounded by a KV budget: a request reserves ``prompt + num_samples × max_new``
 tokens (its prompt KV is shared by its samples; ``max_new`` is ``max_tokens``, or the rest of
-the context when unset) from the moment it is admitted until it finishes, so the engine never
-holds more than ``kv_budget_tokens`` of sequences. Waiting requests are admitted by deficit
+the context when unset) from the moment it is admitted until it finishes, so what the engine
+is handed stays within ``kv_budget_tokens`` of worst-case sequences (the engine's own paging
+and preemption handle the rest) and the rest waits here, in fair order, not in the engine's
+FIFO. Waiting requests are admitted by deficit
 round-robin on that reservation across tenants, so one tenant's burst of rollouts cannot keep
 another tenant's requests out of the decode batch. A request larger than the whole budget is
 admitted alone once nothing else runs. Engine time of each decode step is shared by the
