@@ -69,6 +69,9 @@ def _offline_env(hf_home: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    data_dir, hf_home = out / "server-data", out / "hf-home"
+    _offline_env(hf_home)  # before anything imports huggingface_hub, which reads HF_HOME once
     from rich.console import Console
 
     from loraplex.cli.hf_cache import cache_repo_id, install
@@ -77,8 +80,6 @@ def run(args: argparse.Namespace) -> int:
     from loraplex.demo.run import run_demo
 
     console = Console()
-    out = Path(args.out).resolve()
-    data_dir, hf_home = out / "server-data", out / "hf-home"
     cfg = DemoConfig(seed=args.seed)
     if args.steps is not None:
         cfg = replace(cfg, rl_steps=args.steps)
@@ -86,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, sft_steps=args.sft_steps)
     model_dir = resolve_source(args.model, str(data_dir))
     install(model_dir, cache_repo_id(cfg.base_model), str(hf_home))
-    _offline_env(hf_home)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = out / "server.log"
