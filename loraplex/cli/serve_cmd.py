@@ -1,5 +1,5 @@
 """`loraplex serve [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--model NAME=SOURCE ...]
-[--open]`: the Tinker-compatible server.
+[--open] [--threads N] [--token-budget T] [--timeslice]`: the Tinker-compatible server.
 
 NAME is what clients pass as ``base_model`` and what the server echoes everywhere; SOURCE is a
 local Hugging Face checkpoint directory or ``builtin:tiny`` / ``builtin:small`` (created under
@@ -8,7 +8,10 @@ one engine and one scheduler. Without ``--model`` the built-in tiny model is ser
 ``Qwen/Qwen3-8B`` (a catalogue name, so the SDK's and the cookbook's tokenizer and renderer
 lookups work; install its tokenizer with ``loraplex model cache-tokenizer``). Without ``--open``
 only keys made by ``loraplex keys create`` are accepted; with it any ``tml-`` key is accepted
-and each distinct key is its own tenant. ``GET /api/v1/healthz`` answers once ready.
+and each distinct key is its own tenant. ``--threads`` sets torch's intra-op threads,
+``--token-budget`` the most datum tokens per clock cycle, and ``--timeslice`` runs the naive
+baseline scheduler (one model per cycle; for benchmarks). ``GET /api/v1/healthz`` answers once
+ready.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"{DEFAULT_MODEL_NAME}=builtin:tiny)")
     parser.add_argument("--open", action="store_true",
                         help="accept any tml- key (one tenant per distinct key)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch intra-op threads (default: torch's own choice)")
+    parser.add_argument("--token-budget", type=int, default=SchedulerConfig.token_budget,
+                        metavar="T", help="most datum tokens packed into one clock cycle")
+    parser.add_argument("--timeslice", action="store_true",
+                        help="naive baseline: one model per clock cycle (no packing)")
     parser.set_defaults(func=run)
 
 
@@ -61,6 +70,18 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         open_access=args.open)
 
 
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    if args.token_budget < 1:
+        raise user_error("--token-budget", f"must be at least 1, got {args.token_budget}")
+    return SchedulerConfig(token_budget=args.token_budget, timeslice=args.timeslice)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    if args.threads is not None and args.threads < 1:
+        raise user_error("--threads", f"must be at least 1, got {args.threads}")
+    return EngineConfig(num_threads=args.threads)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
@@ -70,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         config = server_config(args)
         from loraplex.engine.executor import Engine
 
-        engine_config = EngineConfig()
-        ctx = build_context(config, SchedulerConfig(), lambda d: Engine(d, engine_config))
+        engine = engine_config(args)
+        ctx = build_context(config, scheduler_config(args), lambda d: Engine(d, engine))
     except LoraplexError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loraplex.cli.main import build_parser, main
-from loraplex.cli.serve_cmd import build_context, server_config
-from loraplex.config import DEFAULT_MODEL_NAME, ModelSource, SchedulerConfig
+from loraplex.cli.serve_cmd import build_context, engine_config, scheduler_config, server_config
+from loraplex.config import DEFAULT_MODEL_NAME, EngineConfig, ModelSource, SchedulerConfig
 from loraplex.errors import UserError
 from loraplex.store.stores import open_stores
 from tests.fakes import ToyExecutor
@@ -34,6 +34,19 @@ def test_serve_defaults_and_flags() -> None:
         server_config(parse("--model", "A/b=builtin:tiny", "--model", "A/b=builtin:small"))
     with pytest.raises(UserError, match="NAME=SOURCE"):
         server_config(parse("--model", "no-equals-sign"))
+
+
+def test_scheduler_and_engine_flags() -> None:
+    assert scheduler_config(parse()) == SchedulerConfig()
+    assert engine_config(parse()) == EngineConfig()
+    packed = scheduler_config(parse("--token-budget", "4096"))
+    assert (packed.token_budget, packed.timeslice) == (4096, False)
+    assert scheduler_config(parse("--timeslice")).timeslice is True
+    assert engine_config(parse("--threads", "1")).num_threads == 1
+    with pytest.raises(UserError, match="--token-budget"):
+        scheduler_config(parse("--token-budget", "0"))
+    with pytest.raises(UserError, match="--threads"):
+        engine_config(parse("--threads", "0"))
 
 
 def test_names_sharing_a_source_share_one_executor(tmp_path: Path) -> None:
