@@ -4,8 +4,8 @@ tensors reused across decode steps).
 An adapter id alone does not identify weights: a live training adapter changes in place at
 every optim_step, and a deleted id can come back with other weights. `AdapterVersions` keys each
 adapter by id + a version that `bump` (called by the engine on weight changes) or a replaced
-`LoraAdapter` object (detected by weak reference) advances. `LoraStacks` keeps the per-target
-stacks of the last few adapter tuples, so a decode step whose adapters did not change re-stacks
+`LoraAdapter` object (detected by weak reference) advances. `LoraStacks` keeps the stacks of
+the last few adapter-version tuples, so a decode step whose adapters did not change re-stacks
 nothing; only the cheap segment offsets follow the rows.
 """
 
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from dataclasses import replace
 
 import torch
 
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.lora.lora_batch import LoraBatch
-from loraplex.engine.model.packed_batch import LoraRows, PackedBatch
+from loraplex.engine.model.packed_batch import PackedBatch
 
 BASE_KEY = "base"
 #: Distinct adapter tuples whose stacks are kept (decode batch, prefill batch, head batch...).
@@ -65,7 +64,8 @@ class AdapterVersions:
 
 
 class LoraStacks:
-    """`AdapterBank.stack` with the stacked targets cached per tuple of adapter versions."""
+    """`AdapterBank.stack` reusing the stacked targets of the last few adapter-version tuples
+    (``reuse=``), so a decode step whose adapters did not change re-stacks nothing."""
 
     def __init__(self, bank: AdapterBank, versions: AdapterVersions, rank_multiple: int,
                  dtype: torch.dtype) -> None:
@@ -73,11 +73,10 @@ class LoraStacks:
         self._versions = versions
         self._rank_multiple = rank_multiple
         self._dtype = dtype
-        self._stacks: OrderedDict[tuple[tuple[str, int], ...], tuple[LoraBatch, torch.Tensor]]
-        self._stacks = OrderedDict()
+        self._stacks: OrderedDict[tuple[tuple[str, int], ...], LoraBatch] = OrderedDict()
 
     def for_batch(self, batch: PackedBatch) -> LoraBatch | None:
-        """The `LoraBatch` of ``batch`` (None: base rows only), stacking only on a miss.
+        """The `LoraBatch` of ``batch`` (None: base rows only).
 
         Raises:
             NotFoundError: an adapter of the batch is not resident.
@@ -86,33 +85,16 @@ class LoraStacks:
         if rows is None:
             return None
         key = tuple((a, self._versions.version(a)) for a in rows.adapter_ids)
-        cached = self._stacks.get(key)
-        if cached is None:
-            lora = self._bank.stack(batch, rank_multiple=self._rank_multiple, dtype=self._dtype)
-            assert lora is not None
-            scales = torch.tensor([self._bank.get(a).scale for a in rows.adapter_ids],
-                                  dtype=self._dtype)
-            self._stacks[key] = (lora, scales)
-            while len(self._stacks) > MAX_STACKS:
-                self._stacks.popitem(last=False)
-            return lora
+        lora = self._bank.stack(batch, rank_multiple=self._rank_multiple, dtype=self._dtype,
+                                reuse=self._stacks.get(key))
+        assert lora is not None
+        self._stacks[key] = lora
         self._stacks.move_to_end(key)
-        lora, scales = cached
-        if lora.rows.segment_ends == rows.segment_ends:
-            return replace(lora, rows=rows)
-        return _with_rows(lora, scales, rows)
+        while len(self._stacks) > MAX_STACKS:
+            self._stacks.popitem(last=False)
+        return lora
 
     def drop(self, adapter_id: str) -> None:
         """Forget stacks holding this adapter (its weights changed or it is gone)."""
         for key in [k for k in self._stacks if any(a == adapter_id for a, _ in k)]:
             del self._stacks[key]
-
-
-def _with_rows(lora: LoraBatch, scales_S: torch.Tensor, rows: LoraRows) -> LoraBatch:
-    """Same stacked adapters, other segment sizes (as `stack_adapters` lays them out)."""
-    device = lora.offsets_S.device
-    ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
-    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
-    return LoraBatch(rows=rows, offsets_S=ends.to(torch.int32).to(device),
-                     scale_P_1=torch.repeat_interleave(scales_S, sizes)[:, None].to(device),
-                     targets=lora.targets)

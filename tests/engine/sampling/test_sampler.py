@@ -289,3 +289,30 @@ def test_a_full_cache_makes_admission_wait_without_corrupting_running_sequences(
         assert [list(s.tokens) for s in ok(tight[request_id]).sequences] == \
             [list(s.tokens) for s in ok(outcome).sequences]
     assert sampler.pool.num_free == 8
+
+
+def test_in_place_weight_changes_reach_running_sequences_only_after_invalidate(
+        rig: Rig) -> None:
+    """Stacked LoRA tensors are reused across decode steps; the engine's `invalidate_adapter`
+    (after an optim_step on a live id) is what makes new weights visible."""
+    request = [work("r", PROMPT, "a", max_tokens=12, temperature=0.0, stop=NO_STOP)]
+    reference = greedy(rig, 12)
+
+    def run_with_edit(invalidate: bool) -> list[int]:
+        sampler = rig.sampler()
+        assert sampler.step(request, 3) == []
+        original = {t: w.b_L_O_R.detach().clone() for t, w in rig.bank.get("a").weights.items()}
+        with torch.no_grad():
+            for w in rig.bank.get("a").weights.values():
+                w.b_L_O_R.mul_(-20.0)
+        if invalidate:
+            sampler.invalidate_adapter("a")
+        tokens = list(ok(run(sampler, [])["r"]).sequences[0].tokens)
+        with torch.no_grad():
+            for t, w in rig.bank.get("a").weights.items():
+                w.b_L_O_R.copy_(original[t])
+        return tokens
+
+    assert run_with_edit(invalidate=False) == reference
+    changed = run_with_edit(invalidate=True)
+    assert changed[:4] == reference[:4] and changed != reference
