@@ -64,7 +64,10 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
     scaled = logits if bool((temperature == 1).all()) else logits / temperature[:, None]
     logprobs_B_V = torch.log_softmax(scaled, dim=-1)
 
-    tokens = torch.argmax(logits, dim=-1)
+    tokens = torch.zeros(num_rows, dtype=torch.long, device=logits.device)
+    greedy = is_greedy.nonzero().squeeze(1)
+    if greedy.numel():
+        tokens[greedy] = torch.argmax(logits.index_select(0, greedy), dim=-1)
     is_truncated = ((params.top_k_B > 0) & (params.top_k_B < vocab)) | (params.top_p_B < 1)
     plain = (~is_greedy & ~is_truncated).nonzero().squeeze(1)
     if plain.numel():
