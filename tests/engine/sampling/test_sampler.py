@@ -240,13 +240,21 @@ def test_requests_join_and_leave_the_running_batch_between_steps(rig: Rig) -> No
     assert len(ok(outcomes["long"]).sequences[0].tokens) == 30
 
 
-def test_the_samples_of_a_request_compute_the_prompt_once(rig: Rig) -> None:
+@pytest.mark.parametrize("prompt_len", [70, 64])
+def test_the_samples_of_a_request_compute_the_prompt_once(rig: Rig, prompt_len: int) -> None:
+    prompt = PROMPT[:prompt_len]
     sampler = rig.sampler()
-    sampler.step([work("g", PROMPT, "a", 8, max_tokens=40, stop=NO_STOP)], 0)
-    assert sampler.stats.prefill_tokens == len(PROMPT)
-    # One shared full page (refcount 8) and eight private partial pages (one copied per fork).
+    sampler.step([work("g", prompt, "a", 8, max_tokens=40, stop=NO_STOP, seed=3)], 0)
+    assert sampler.stats.prefill_tokens == prompt_len
     refs = sorted(b.ref_count for b in sampler.pool.blocks.blocks if b.ref_count)
-    assert refs == [1] * 8 + [8]
+    if prompt_len % 64:  # a shared full page, and a private copy of the partial page each
+        assert refs == [1] * 8 + [8]
+    else:  # the prompt fills its page: all share it, each takes a new page to continue
+        assert refs == [8]
+    result = ok(run(sampler, [])["g"])
+    for seq in result.sequences:  # sharing is exact: each sample equals the training forward
+        full = rig.training_logprobs(prompt + list(seq.tokens), "a")[prompt_len - 1:]
+        assert torch.equal(torch.tensor(list(seq.logprobs)), full)
 
 
 def test_same_step_requests_with_the_same_prompt_fork_from_one_prefill(rig: Rig) -> None:
@@ -256,6 +264,18 @@ def test_same_step_requests_with_the_same_prompt_fork_from_one_prefill(rig: Rig)
     assert [ok(outcomes[f"r{i}"]).prompt_cache_hit_tokens for i in range(4)] == [0, 70, 70, 70]
     solo = ok(run(rig.sampler(), [work("r2", PROMPT, "b", max_tokens=4, seed=2)])["r2"])
     assert list(solo.sequences[0].tokens) == list(ok(outcomes["r2"]).sequences[0].tokens)
+
+
+def test_a_request_can_fork_from_a_scoring_request_that_samples_nothing(rig: Rig) -> None:
+    sampler = rig.sampler()
+    outcomes = run(sampler, [work("score", PROMPT, "c", max_tokens=0, prompt_logprobs=True),
+                             work("gen", PROMPT, "c", 2, max_tokens=5, seed=1)])
+    assert sampler.stats.prefill_tokens == len(PROMPT)
+    assert [list(s.tokens) for s in ok(outcomes["score"]).sequences] == [[]]
+    assert ok(outcomes["gen"]).prompt_cache_hit_tokens == len(PROMPT)
+    solo = ok(run(rig.sampler(), [work("gen", PROMPT, "c", 2, max_tokens=5, seed=1)])["gen"])
+    assert [list(s.tokens) for s in solo.sequences] == \
+        [list(s.tokens) for s in ok(outcomes["gen"]).sequences]
 
 
 def test_base_model_and_adapter_versions_never_share_cached_pages(rig: Rig) -> None:
