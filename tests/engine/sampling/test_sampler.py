@@ -336,3 +336,20 @@ def test_in_place_weight_changes_reach_running_sequences_only_after_invalidate(
     assert run_with_edit(invalidate=False) == reference
     changed = run_with_edit(invalidate=True)
     assert changed[:4] == reference[:4] and changed != reference
+
+
+def test_a_bug_during_a_step_drops_everything_and_the_sampler_keeps_working(rig: Rig) -> None:
+    sampler = rig.sampler()
+    assert sampler.step([work("ok", PROMPT, "a", max_tokens=20, stop=NO_STOP)], 1) == []
+    forward = rig.model.forward
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("bug")
+
+    rig.model.forward = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        sampler.step([work("doomed", PROMPT[:66], "a", max_tokens=3)], 1)
+    rig.model.forward = forward  # type: ignore[method-assign]
+    assert sampler.num_running() == 0 and sampler.pool.num_free == 256
+    again = ok(run(sampler, [work("again", PROMPT[:66], "a", max_tokens=3)])["again"])
+    assert again.prompt_cache_hit_tokens == 0  # pages registered before the bug are forgotten
