@@ -22,7 +22,8 @@ from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.losses.loss_spec import LossOutput
-from loraplex.engine.losses.validation import ValidatedLoss, validate
+from loraplex.engine.losses.registry import get_loss
+from loraplex.engine.losses.validation import ValidatedLoss, resolve_config, validate
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.optim.adamw import adamw_step
@@ -81,18 +82,19 @@ class Trainer:
             except LoraplexError as err:
                 outcomes[i] = err
                 continue
+            if loss is None:
+                outcomes[i] = ForwardBackwardResult((), (), {"loss:sum": 0.0})
+                continue
             prepared.append(_Prepared(i, work, loss, start))
             start += work.num_tokens
-        if start:
+        if prepared:
             for p, outcome in zip(prepared, self._run(prepared), strict=True):
                 outcomes[p.index] = outcome
-        else:  # only empty works: nothing to run
-            for p in prepared:
-                outcomes[p.index] = ForwardBackwardResult((), (), {"loss:sum": 0.0})
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
 
-    def _validate(self, work: ForwardBackwardWork) -> ValidatedLoss:
+    def _validate(self, work: ForwardBackwardWork) -> ValidatedLoss | None:
+        """The work's checked loss; None for a valid work without datums (nothing to run)."""
         adapter = self.bank.get(work.adapter_id)
         if not work.forward_only and not is_trainable(adapter):
             raise user_error("model_id", f"adapter {work.adapter_id!r} is a frozen sampler "
@@ -103,6 +105,9 @@ class Trainer:
             if datum.length > self.max_context:
                 raise user_error(f"data[{i}].model_input", f"length {datum.length} exceeds the "
                                  f"model's max_context {self.max_context}")
+        if not work.data:
+            resolve_config(get_loss(work.loss_fn), work.loss_fn_config)
+            return None
         vocab_size = self.model.spec.vocab_size
         loss = validate(work.loss_fn, work.loss_fn_config, work.data, vocab_size)
         return loss.to(self.model.device)
@@ -120,8 +125,7 @@ class Trainer:
             # The same row-local fp32 log_softmax as `Transformer.token_logprobs` (and the
             # sampler), so trainer and sampler logprobs agree bitwise in invariant mode.
             logprobs_R_V = torch.log_softmax(self.model.logits(hidden_R_D, lora).float(), -1)
-            rows_T = batch.row_index()
-            logprobs = [self._target_logprobs(p, logprobs_R_V, rows_T) for p in prepared]
+            logprobs = target_logprobs(prepared, logprobs_R_V, batch.row_index())
             losses = [p.loss.compute(lp) for p, lp in zip(prepared, logprobs, strict=True)]
         is_finite = torch.stack([out.loss.detach().isfinite() for out in losses]).tolist()
         failed: dict[int, LoraplexError] = {}
@@ -140,15 +144,6 @@ class Trainer:
                                            "gradients were discarded, the adapter is unchanged")
         return [failed.get(k) or self._result(p, logprobs[k], losses[k])
                 for k, p in enumerate(prepared)]
-
-    @staticmethod
-    def _target_logprobs(p: _Prepared, logprobs_R_V: torch.Tensor, rows_T: torch.Tensor
-                         ) -> torch.Tensor:
-        """``[T]`` (or top-K ``[T, K]``) logprobs of the work's targets, datums concatenated."""
-        targets = p.loss.target_tokens
-        rows = rows_T[p.token_start:p.token_start + p.work.num_tokens]
-        picked = logprobs_R_V[rows[:, None], targets.reshape(targets.shape[0], -1)]
-        return picked.reshape(targets.shape)
 
     def _backward(self, losses: Sequence[torch.Tensor], adapter_ids: set[str]) -> set[str]:
         """Backpropagate ``Σ losses`` into the given adapters only; return those whose new
@@ -247,6 +242,27 @@ class Trainer:
     def forget(self, adapter_id: str) -> None:
         """Drop an adapter's optimizer state (the adapter itself lives in the bank)."""
         self._optimizers.pop(adapter_id, None)
+
+
+def target_logprobs(prepared: Sequence[_Prepared], logprobs_R_V: torch.Tensor,
+                    rows_T: torch.Tensor) -> list[torch.Tensor]:
+    """Each work's target logprobs, ``[T]`` (or top-K ``[T, K]``), datums concatenated.
+
+    One gather for the whole batch, so the backward scatters into one ``[rows, vocab]``
+    gradient instead of one per work.
+    """
+    rows, flat_targets = [], []
+    for p in prepared:
+        targets = p.loss.target_tokens
+        targets_T_K = targets.reshape(p.work.num_tokens, targets.shape[1] if targets.dim() == 2
+                                      else 1)
+        rows_T_1 = rows_T[p.token_start:p.token_start + p.work.num_tokens, None]
+        rows.append(rows_T_1.expand_as(targets_T_K).reshape(-1))
+        flat_targets.append(targets_T_K.reshape(-1))
+    picked = logprobs_R_V[torch.cat(rows), torch.cat(flat_targets)]
+    sizes = [p.loss.target_tokens.numel() for p in prepared]
+    return [lp.view(p.loss.target_tokens.shape)
+            for lp, p in zip(picked.split(sizes), prepared, strict=True)]
 
 
 def float32_array(values: torch.Tensor) -> array:

@@ -275,3 +275,14 @@ def test_frozen_snapshots_sample_but_do_not_train(tiny_model_dir: Path) -> None:
     engine.optim_step([OptimStepWork("o", "a", AdamParams(learning_rate=1e-2))])
     after = ok(engine.forward_backward([work("f", "a@1", data, forward_only=True)])[0])
     assert after.logprobs == ok(outcomes[1]).logprobs  # training did not move the snapshot
+
+
+def test_a_work_without_data_gets_an_empty_result(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    gen = torch.Generator().manual_seed(10)
+    outcomes = engine.forward_backward([work("empty", "a", []),
+                                        work("full", "b", [ce_datum(gen, 7, VOCAB)])])
+    empty = ok(outcomes[0])
+    assert empty.logprobs == () and empty.metrics["loss:sum"] == 0.0
+    assert len(ok(outcomes[1]).logprobs[0]) == 7
+    assert ok(engine.forward_backward([work("empty", "a", [])])[0]).logprobs == ()
