@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--open",
            "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={args.model}"]
     console.print(f"[bold]loraplex demo[/bold]: starting server on {url} (log: {log_path})")
+    # SIGTERM unwinds like Ctrl-C, so the `finally` below always stops the server child.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with log_path.open("w") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                      start_new_session=True) as proc:
         try:

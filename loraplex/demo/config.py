@@ -28,13 +28,13 @@ class DemoConfig:
     """
 
     base_model: str = "Qwen/Qwen3-8B"
-    rank: int = 16
+    rank: int = 32
     seed: int = 0
     num_prompts: int = 8
-    sft_correct_fraction: float = 0.5
-    sft_steps: int = 40
+    sft_correct_fraction: float = 0.4
+    sft_steps: int = 160
     sft_batch: int = 16
-    sft_learning_rate: float = 2e-3
+    sft_learning_rate: float = 5e-3
     rl_steps: int = 20
     prompts_per_step: int = 8
     group_size: int = 8
