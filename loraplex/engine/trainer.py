@@ -157,7 +157,14 @@ class Trainer:
         for ps in params.values():
             for p in ps:
                 p.grad = None
-        torch.stack(list(losses)).sum().backward(inputs=[p for ps in params.values() for p in ps])
+        try:
+            torch.stack(list(losses)).sum().backward(
+                inputs=[p for ps in params.values() for p in ps])
+        except BaseException:  # a bug: leave every adapter as it was before this batch
+            for a, ps in params.items():
+                for p, old in zip(ps, earlier[a], strict=True):
+                    p.grad = old
+            raise
         bad = set()
         for a, ps in params.items():
             new = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]

@@ -286,3 +286,25 @@ def test_a_work_without_data_gets_an_empty_result(tiny_model_dir: Path) -> None:
     assert empty.logprobs == () and empty.metrics["loss:sum"] == 0.0
     assert len(ok(outcomes[1]).logprobs[0]) == 7
     assert ok(engine.forward_backward([work("empty", "a", [])])[0]).logprobs == ()
+
+
+def test_non_finite_gradients_are_discarded_for_that_adapter_only(tiny_model_dir: Path) -> None:
+    engine, reference = make_engine(tiny_model_dir), make_engine(tiny_model_dir)
+    gen = torch.Generator().manual_seed(11)
+    earlier = ce_datum(gen, 9, VOCAB)
+    for e in (engine, reference):
+        e.forward_backward([work("warm", "b", [earlier])])
+    before = grads(engine, "b")
+    # A finite loss (one weight of 3e37 times a logprob of about -7) whose gradients overflow
+    # float32 on their way back through the output head.
+    huge = ce_datum(gen, 6, VOCAB)
+    huge.loss_fn_inputs["weights"].data[:] = array("f", [0, 0, 3e37, 0, 0, 0])
+    good = [ce_datum(gen, 14, VOCAB)]
+    outcomes = engine.forward_backward([work("huge", "b", [huge]), work("good", "a", good)])
+    assert isinstance(outcomes[0], UserError) and "non-finite gradients" in str(outcomes[0])
+    for g, g0 in zip(grads(engine, "b"), before, strict=True):
+        assert g is not None and g0 is not None and torch.equal(g, g0)
+    expected = ok(reference.forward_backward([work("good", "a", good)])[0])
+    assert ok(outcomes[1]).logprobs == expected.logprobs
+    for g, g_ref in zip(grads(engine, "a"), grads(reference, "a"), strict=True):
+        assert g is not None and g_ref is not None and rel_err(g, g_ref) <= REL_TOL
