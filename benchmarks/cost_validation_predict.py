@@ -124,25 +124,28 @@ def model_card(config_path: Path, name: str) -> ModelCard:
                      weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM, source=str(config_path))
 
 
-def hardware_card(probes: tuple[MachineProbe, ...]) -> HardwareCard:
-    """This machine as the cost model sees it around one step: the mean fp32 GEMM rate and copy
-    bandwidth of the probes are its "peaks" (achieved rates, so used at MFU = MBU = 1)."""
-    flops = statistics.fmean(p.gemm_gflops for p in probes) * 1e9
+def hardware_card(probes: tuple[MachineProbe, ...], training: bool) -> HardwareCard:
+    """This machine as the cost model sees it around one step: the mean probed fp32 matmul rate
+    and copy bandwidth are its "peaks" (achieved rates, so used at MFU = MBU = 1). The matmul
+    rate is of the kind the phase runs: LoRA training on a frozen base does forward and
+    input-gradient GEMMs (the fwd+bwd, frozen-W probe); sampling does forward GEMMs."""
+    rate = [p.gemm_fwd_bwd_gflops if training else p.gemm_gflops for p in probes]
     bandwidth = statistics.fmean(p.copy_gbps for p in probes) * 1e9
     memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return HardwareCard.custom("this-cpu", peak_flops=flops, hbm_bandwidth=bandwidth,
-                               hbm_bytes=memory)
+    return HardwareCard.custom("this-cpu", peak_flops=statistics.fmean(rate) * 1e9,
+                               hbm_bandwidth=bandwidth, hbm_bytes=memory)
 
 
 def train_step(card: ModelCard, method: TrainingMethod, rec: StepRecord) -> dict[str, float]:
-    """forward_backward FLOPs at the GEMM rate plus AdamW bytes at the copy rate."""
-    hw = hardware_card(rec.probes)
+    """forward_backward FLOPs at the fwd+bwd GEMM rate plus AdamW bytes at the copy rate."""
+    hw = hardware_card(rec.probes, training=True)
     flops = sum(training_flops(card, n, method) for n in rec.datum_lengths)
     adam_bytes = ADAMW_BYTES_PER_PARAM * card.lora_params(method.lora.rank)
     m = rec.measured
     fwd_bwd_s = compute_seconds(flops, hw, 1, 1.0)
     optim_s = bandwidth_seconds(adam_bytes, hw, 1, 1.0)
-    return {"predicted_s": fwd_bwd_s + optim_s, "measured_s": m.engine_s, "flops": flops,
+    return {"predicted_s": fwd_bwd_s + optim_s, "measured_s": m.engine_s,
+            "predicted_flops": flops,
             "fwd_bwd_predicted_s": fwd_bwd_s, "fwd_bwd_measured_s": m.fwd_bwd_s,
             "optim_predicted_s": optim_s, "optim_measured_s": m.optim_s,
             "tokens": m.tokens.get("trained_tokens", 0),
@@ -153,7 +156,8 @@ def sample_step(card: ModelCard, s: Settings, rec: StepRecord) -> dict[str, floa
     """Prefill is compute-bound. Decode takes the longer of streaming the weights and every
     sequence's KV once per iteration (`decode_seconds`, the calculator's model) and its FLOPs
     at the GEMM rate (a roofline: at batch G·P on this CPU the FLOPs are the larger)."""
-    hw, m, rollouts = hardware_card(rec.probes), rec.measured, s.rl_prompts * s.group_size
+    hw, m = hardware_card(rec.probes, training=False), rec.measured
+    rollouts = s.rl_prompts * s.group_size
     # The G samples of a request share one prefill; the engine reports what it computed.
     computed = m.tokens.get("prompt_tokens", 0) - m.tokens.get("cache_hit_tokens", 0)
     prefill_flops = s.rl_prompts * forward_flops(card, computed / s.rl_prompts)
@@ -168,7 +172,7 @@ def sample_step(card: ModelCard, s: Settings, rec: StepRecord) -> dict[str, floa
     prefill_s = compute_seconds(prefill_flops, hw, 1, 1.0)
     compute_s = compute_seconds(decode_flops, hw, 1, 1.0)
     return {"predicted_s": prefill_s + max(dec.weights_s + kv_s, compute_s),
-            "measured_s": m.engine_s, "flops": prefill_flops + decode_flops,
+            "measured_s": m.engine_s, "predicted_flops": prefill_flops + decode_flops,
             "prefill_flops": prefill_flops, "prefill_s": prefill_s,
             "decode_flops": decode_flops, "decode_weights_s": dec.weights_s, "decode_kv_s": kv_s,
             "decode_compute_s": compute_s, "iterations": new,
@@ -191,7 +195,7 @@ def phase_row(steps: list[dict[str, float]], goal: float) -> dict[str, Any]:
                step_ratios=[st["measured_s"] / st["predicted_s"] for st in steps])
     if "fwd_bwd_measured_s" in total:
         out["efficiency_vs_probe"] = total["fwd_bwd_predicted_s"] / total["fwd_bwd_measured_s"]
-        out["achieved_gflops"] = total["flops"] / total["fwd_bwd_measured_s"] / 1e9
+        out["achieved_gflops"] = total["predicted_flops"] / total["fwd_bwd_measured_s"] / 1e9
     else:
         out["bandwidth_only_ratio"] = total["measured_s"] / total["bandwidth_only_s"]
         out["decode_bound"] = ("compute" if total["decode_compute_s"]
@@ -219,6 +223,7 @@ def calibrated(sft: dict[str, Any], rl_train: dict[str, Any], samples: list[dict
 
 def probe_summary(probes: list[MachineProbe]) -> dict[str, Any]:
     return {"gemm_gflops_mean": statistics.fmean(p.gemm_gflops for p in probes),
+            "gemm_fwd_bwd_gflops_mean": statistics.fmean(p.gemm_fwd_bwd_gflops for p in probes),
             "gemm_gflops_min": min(p.gemm_gflops for p in probes),
             "gemm_gflops_max": max(p.gemm_gflops for p in probes),
             "copy_gbps_mean": statistics.fmean(p.copy_gbps for p in probes),
@@ -242,7 +247,8 @@ def predict_phases(card: ModelCard, records: list[StepRecord], s: Settings, goal
         "model": {"name": card.name, "matmul_params": card.matmul_params,
                   "total_params": card.total_params,
                   "lora_params": int(card.lora_params(s.rank)), "rank": s.rank},
-        "hardware_card_example": asdict(hardware_card(records[0].probes)),
+        "hardware_card_example": {"training": asdict(hardware_card(records[0].probes, True)),
+                                  "sampling": asdict(hardware_card(records[0].probes, False))},
         "probes": probe_summary(probes),
         "phases": phases,
         "calibrated": calibrated(phases["sft_train"], phases["rl_train"], steps["rl_sample"],

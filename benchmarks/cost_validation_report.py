@@ -16,32 +16,36 @@ METHOD = """\
 ## Method
 
 1. `benchmarks/cost_validation.py` starts `loraplex serve --model small=builtin:small --open`
-   as a subprocess (torch engine, fp32 on CPU, the server's and the probe's torch threads set
-   alike) and drives it with the official `tinker` SDK: an untimed warm-up step and sample, a
-   short SFT run (cross-entropy, one `forward_backward` + `optim_step` per step), then a short
-   GRPO run (each step: save weights for the sampler, sample G completions for each of P fresh
-   prompts, reward = share of generated ids in the lower half of the vocabulary, advantages
-   centred per group, one `importance_sampling` `forward_backward` + `optim_step`).
+   as a subprocess (torch engine, fp32 on CPU; the server's and the probes' torch threads set
+   alike) and drives it with the official `tinker` SDK as two training runs with one LoRA each:
+   an SFT run (cross-entropy, one `forward_backward` + `optim_step` per step) and a GRPO run
+   (each step: save weights for the sampler, sample G completions for each of P fresh prompts,
+   reward = share of generated ids in the lower half of the vocabulary, advantages centred per
+   group, one `importance_sampling` `forward_backward` + `optim_step`). After an untimed
+   warm-up step of each, their steps alternate round by round, so both runs see the same
+   machine.
 2. **Measured** = engine seconds the server itself recorded (`GET /api/v1/loraplex/stats`:
    `engine_s` per plan kind, `train_s` / `optim_s` of the cycle records), differenced around
-   each phase's calls; token counts from `GET /api/v1/loraplex/usage`. Client wall time, HTTP
-   and queueing are excluded. Phases run one after another, so nothing else shares the engine.
+   each step; token counts from `GET /api/v1/loraplex/usage`. Client wall time, HTTP and
+   queueing are excluded. Steps run one at a time, so nothing else shares the engine.
 3. **Predicted** = the cost model (`loraplex.cost`) on a card for the loaded model (from the
-   served `config.json`) and a `HardwareCard.custom` for this machine whose "peak" FLOP/s and
-   bandwidth are the fp32 GEMM rate (4096×512→512 `F.linear`, the model's width) and copy
-   bandwidth measured by `benchmarks/probe.py` in the same run, averaged over the probes taken
-   just before and after the phase, used at **MFU = MBU = 1**: the card already holds achieved
-   (not datasheet) rates, so any remaining gap is what eager PyTorch loses outside the GEMMs.
+   served `config.json`) and, per step, a `HardwareCard.custom` for this machine whose "peak"
+   FLOP/s and bandwidth are what `benchmarks/probe.py` measured just before and just after that
+   step (server idle): the fp32 `F.linear` rate at 4096×512→512 (the model's width) and the
+   copy bandwidth. They are used at **MFU = MBU = 1**: the card already holds achieved, not
+   datasheet, rates, so the remaining gap is what the engine loses beyond its matmuls.
    * train: `training_flops` (LoRA: 4·N + 6·r·W per token + 3× causal attention) per datum, at
-     the GEMM rate, plus AdamW at 28 bytes per adapter parameter at the copy rate;
+     the probed forward + input-gradient (frozen W) GEMM rate, which is the kind of GEMM LoRA
+     training on a frozen base runs; plus AdamW at 28 bytes per adapter parameter at the copy
+     rate;
    * sampling: prefill = `forward_flops` of the prompt tokens the engine computed (the group's
-     G samples share one prefill), compute-bound; decode = `decode_seconds` (weights streamed
-     once per iteration + the KV cache of every sequence, at the copy rate; KV in fp32) or the
-     decode FLOPs at the GEMM rate, whichever is larger (roofline). The calculator's
-     bandwidth-only decode is shown beside it.
-4. `ratio = measured_s / predicted_s`; goal |ratio − 1| ≤ 20%. The calibrated rows apply the
-   efficiency measured on SFT (achieved ÷ probed GEMM rate) to the other phases' FLOP terms:
-   they are labelled as calibrated and never replace the raw ratio.
+     G samples share one prefill) at the forward GEMM rate; decode = `decode_seconds` (weights
+     streamed once per iteration + the KV cache of every sequence, at the copy rate; KV in
+     fp32) or the decode FLOPs at the forward GEMM rate, whichever is larger (roofline). The
+     calculator's bandwidth-only decode is shown beside it.
+4. `ratio = measured_s / predicted_s`, summed over a phase's steps; goal |ratio − 1| ≤ 20%. The
+   calibrated rows apply the efficiency measured on SFT (achieved ÷ probed rate) to the other
+   phases' FLOP terms: they are labelled as calibrated and never replace the raw ratio.
 """
 
 
@@ -57,7 +61,8 @@ def phase_table(phases: dict[str, dict[str, Any]]) -> list[str]:
                f"{r['prompt_tokens']:,.0f} prompt ({r['cache_hit_tokens']:,.0f} cached), "
                f"{r['sampled_tokens']:,.0f} sampled")
         spread = ", ".join(f"{x:.2f}" for x in r["step_ratios"])
-        lines.append(f"| {PHASE_TITLES[key]} | {r['num_steps']} | {r['flops'] / 1e9:,.1f} G | "
+        lines.append(f"| {PHASE_TITLES[key]} | {r['num_steps']} | "
+                     f"{r['predicted_flops'] / 1e9:,.1f} G | "
                      f"{tok} | {_f(r['predicted_s'])} | {_f(r['measured_s'])} | "
                      f"**{_f(r['ratio'])}** | {spread} | "
                      f"{'yes' if r['within_goal'] else 'no'} |")
@@ -71,7 +76,7 @@ def breakdown(phases: dict[str, dict[str, Any]]) -> list[str]:
         r = phases[key]
         lines += [f"| {name} forward_backward | {_f(r['fwd_bwd_predicted_s'])} | "
                   f"{_f(r['fwd_bwd_measured_s'])} | achieved {_f(r['achieved_gflops'], 1)} "
-                  f"GFLOP/s = {_f(r['efficiency_vs_probe'])} of the probed GEMM rate |",
+                  f"GFLOP/s = {_f(r['efficiency_vs_probe'])} of the probed fwd+bwd GEMM rate |",
                   f"| {name} optim_step | {_f(r['optim_predicted_s'], 3)} | "
                   f"{_f(r['optim_measured_s'], 3)} | AdamW, 28 B per adapter param |"]
     iters = smp["iterations"]
@@ -131,11 +136,12 @@ def reading(result: dict[str, Any]) -> list[str]:
         f"* **Training (SFT {_f(sft['ratio'])}, GRPO {_f(rl['ratio'])} raw).** The FLOP count "
         f"is the calculator's; what differs from the card is efficiency: forward_backward ran at "
         f"{_f(sft['efficiency_vs_probe'])} (SFT) and {_f(rl['efficiency_vs_probe'])} (GRPO) of "
-        "the GEMM rate probed beside it. In a one-off profile of one 8 × 256-token SFT step of "
-        "this engine (1 thread, load ≈ 7), `aten::mm` was 65% of the time, the batch-invariant "
-        "tiled attention's `bmm` 11% (it computes whole 64-key blocks, so about twice the "
-        "causal FLOPs at 256 tokens, at small-matrix rates) and elementwise, gather and loss "
-        "ops the rest: eager PyTorch on CPU, the same kind of gap a GPU card's MFU covers. "
+        "the fwd+bwd GEMM rate probed beside each step. In a one-off profile of one 8 × "
+        "256-token SFT step of this engine (1 thread, load ≈ 7), `aten::mm` was 65% of the "
+        "time, the batch-invariant tiled attention's `bmm` 11% (whole 64-key blocks, so more "
+        "than the causal FLOPs, in small matrices that run below the GEMM rate) and "
+        "elementwise, gather and loss ops the rest: eager PyTorch on CPU, the same kind of gap "
+        "a GPU card's MFU covers. "
         f"Calibrated on SFT, GRPO training is predicted at ratio "
         f"**{_f(cal['rl_train']['ratio'])}**: the FLOP accounting (4·N + adapter terms + 3× "
         "causal attention per token) carries over from cross-entropy on 256-token datums to "
@@ -180,7 +186,8 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
         *phase_table(phases), "",
         "### Where the time goes", "", *breakdown(phases), "",
         "### Calibrated (labelled: SFT's forward_backward efficiency applied to the others)", "",
-        f"Efficiency from SFT: {_f(cal['efficiency_from_sft'])} of the probed GEMM rate.", "",
+        f"Efficiency from SFT: {_f(cal['efficiency_from_sft'])} of the probed fwd+bwd GEMM rate.",
+        "",
         "| phase | calibrated predicted s | measured s | ratio |", "|---|---|---|---|",
         f"| GRPO train | {_f(cal['rl_train']['predicted_s'])} | "
         f"{_f(phases['rl_train']['measured_s'])} | {_f(cal['rl_train']['ratio'])} |",

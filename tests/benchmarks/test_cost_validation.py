@@ -30,18 +30,20 @@ CARD = ModelCard("toy", num_layers=1, hidden_size=8, num_heads=2, num_kv_heads=1
 LORA = TrainingMethod(kind="lora", lora=LoraConfig(rank=2))
 
 
-def probe(gflops: float, gbps: float) -> MachineProbe:
+def probe(gflops: float, gbps: float, fwd_bwd_gflops: float | None = None) -> MachineProbe:
     return MachineProbe(load_avg_1m=1.0, load_avg_5m=1.0, num_threads=1, gemm_gflops=gflops,
-                        gemm_fwd_bwd_gflops=gflops, copy_gbps=gbps, torch_version="x", cpu="x")
+                        gemm_fwd_bwd_gflops=gflops if fwd_bwd_gflops is None else fwd_bwd_gflops,
+                        copy_gbps=gbps, torch_version="x", cpu="x")
 
 
 def test_train_step_is_training_flops_at_the_probed_rate_plus_adamw_bytes() -> None:
     # One datum of 10 tokens: 2·(2N·10) + 3·(2·336·10) + 3·(32 · 10²/2) = 33,280 + 20,160 +
-    # 4,800 = 58,240 FLOPs; AdamW 28 B × 336 = 9,408 B. Probes average to 2 GFLOP/s, 1 GB/s.
+    # 4,800 = 58,240 FLOPs; AdamW 28 B × 336 = 9,408 B. The fwd+bwd probes average to
+    # 2 GFLOP/s (the forward-only rate is not what training runs), the copy probes to 1 GB/s.
     m = Measured(engine_s=1e-4, fwd_bwd_s=8e-5, optim_s=2e-5, tokens={"trained_tokens": 10})
-    rec = StepRecord("sft_train", m, (probe(1.0, 0.5), probe(3.0, 1.5)), (10,))
+    rec = StepRecord("sft_train", m, (probe(9.0, 0.5, 1.0), probe(9.0, 1.5, 3.0)), (10,))
     got = train_step(CARD, LORA, rec)
-    assert got["flops"] == 58_240
+    assert got["predicted_flops"] == 58_240
     assert got["fwd_bwd_predicted_s"] == pytest.approx(58_240 / 2e9)
     assert got["optim_predicted_s"] == pytest.approx(9_408 / 1e9)
     assert got["predicted_s"] == pytest.approx(29_120e-9 + 9_408e-9)
@@ -54,7 +56,7 @@ def test_sample_step_prefill_plus_the_slower_decode_bound() -> None:
     s = Settings(threads=1, rl_prompts=1, group_size=2, prompt_len=4)
     m = Measured(engine_s=1e-3, tokens={"prompt_tokens": 4, "cache_hit_tokens": 0,
                                         "sampled_tokens": 6})
-    slow_flops = sample_step(CARD, s, StepRecord("rl_sample", m, (probe(2.0, 1.0),) * 2))
+    slow_flops = sample_step(CARD, s, StepRecord("rl_sample", m, (probe(2.0, 1.0, 0.1),) * 2))
     assert slow_flops["prefill_flops"] == 6_912
     assert slow_flops["decode_flops"] == pytest.approx(11_040)
     assert slow_flops["decode_weights_s"] + slow_flops["decode_kv_s"] == pytest.approx(11_040e-9)
