@@ -282,23 +282,10 @@ class Sampler:
 
     def _run_prefill(self, items: list[PrefillItem], finished: list[SampleOutcome]) -> None:
         """One forward over the items' uncached tokens; score prompts; sample first tokens."""
-        model = self._model
-        self.pool.prepare_forward()
         for it in items:
             self.stats.prefill_tokens += len(it.seq.tokens) - it.start
             self.stats.cached_tokens += it.start + len(it.forks) * len(it.seq.tokens)
-        batch = model.pack([SequenceInput(it.seq.tokens[it.start:], it.seq.request.work.adapter_id,
-                                          it.start, it.seq.block_table) for it in items])
-        with torch.no_grad():
-            hidden_R_D = model.forward(batch, self._stacks.for_batch(batch), self.pool.kv)
-            rows = [batch.seq_row_start[i] + p - it.start
-                    for i, it in enumerate(items) for p in it.head_positions]
-            head = model.pack([SequenceInput([0] * len(it.head_positions),
-                                             it.seq.request.work.adapter_id) for it in items])
-            head_R_D = head.scatter_to_rows(hidden_R_D.index_select(
-                0, torch.tensor(rows, device=hidden_R_D.device)))
-            logits_H_V = head.gather_from_rows(model.logits(head_R_D,
-                                                            self._stacks.for_batch(head)))
+        logits_H_V = self._prefill_logits(items)
         for it in items:
             it.seq.num_computed = len(it.seq.tokens)
             for seq in it.forks:
@@ -320,9 +307,26 @@ class Sampler:
             offset += num_head
         self._running.extend(samplers)
         if samplers:
-            last_logits = logits_H_V.index_select(0, torch.tensor(sample_rows,
-                                                                  device=logits_H_V.device))
-            self._take_tokens(samplers, last_logits, finished)
+            rows = torch.tensor(sample_rows, device=logits_H_V.device)
+            self._take_tokens(samplers, logits_H_V.index_select(0, rows), finished)
+
+    def _prefill_logits(self, items: list[PrefillItem]) -> torch.Tensor:
+        """Forward the items (writing their KV), then logits of their `head_positions` only,
+        concatenated in item order. The head rows are re-packed as a batch of their own (rows
+        padded to 16, adapter segments, unembed LoRA): the same bits as in a full forward."""
+        model = self._model
+        self.pool.prepare_forward()
+        batch = model.pack([SequenceInput(it.seq.tokens[it.start:], it.seq.request.work.adapter_id,
+                                          it.start, it.seq.block_table) for it in items])
+        with torch.no_grad():
+            hidden_R_D = model.forward(batch, self._stacks.for_batch(batch), self.pool.kv)
+            rows = [batch.seq_row_start[i] + p - it.start
+                    for i, it in enumerate(items) for p in it.head_positions]
+            head = model.pack([SequenceInput([0] * len(it.head_positions),
+                                             it.seq.request.work.adapter_id) for it in items])
+            head_R_D = head.scatter_to_rows(hidden_R_D.index_select(
+                0, torch.tensor(rows, device=hidden_R_D.device)))
+            return head.gather_from_rows(model.logits(head_R_D, self._stacks.for_batch(head)))
 
     def _score_prompt(self, item: PrefillItem, logits_N_V: torch.Tensor) -> None:
         """Logprob (and top alternatives) of prompt tokens ``first_scored ..`` from the logits
