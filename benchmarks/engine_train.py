@@ -57,8 +57,8 @@ from loraplex.engine.model.builtin import create_builtin_model
 RANK = 16
 LORA = LoraConfig(rank=RANK, alpha=32.0, seed=0)
 ADAM = AdamParams(learning_rate=1e-4, beta1=0.9, beta2=0.95, eps=1e-12)
-#: Mixed lengths, mean 256 (a spread like an SFT batch of chat turns).
-MIXED_LENGTHS = (96, 412, 180, 256, 330, 140, 298, 336)
+#: Mixed lengths, mean 256: the batch benchmarks/peers measured SkyRL tx on (skyrl_peer.md).
+MIXED_LENGTHS = (128, 160, 192, 256, 256, 320, 352, 384)
 UNIFORM_LENGTHS = (256,) * 8
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                 "lm_head"]
