@@ -22,6 +22,7 @@ from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, S
 from loraplex.engine.checkpoint_io import load_checkpoint, save_checkpoint
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
+from loraplex.engine.optim.adamw_state import AdamWState
 from loraplex.engine.peft_export import write_peft_adapter
 from loraplex.engine.sampling.sampler import Sampler
 from loraplex.engine.trainer import FwdBwdOutcome, OptimOutcome, Trainer, is_trainable
@@ -101,7 +102,10 @@ class Engine:
         adapter = self.bank.get(work.adapter_id)
         optimizer = None
         if work.with_optimizer and is_trainable(adapter):
-            optimizer = self.trainer.optimizer_state(work.adapter_id, create=True)
+            optimizer = self.trainer.optimizer_state(work.adapter_id)
+            if optimizer is None:  # no step yet: save zero moments without keeping them
+                named = adapter.named_parameters()
+                optimizer = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
 
         def peft(directory: str) -> None:
             write_peft_adapter(directory, adapter, self.model_dir)

@@ -167,3 +167,14 @@ def test_ensure_adapter_loads_frozen_weights_for_sampling(tiny_model_dir: Path,
     outcomes = engine.forward_backward([work("x", "sampler-1", data, forward_only=True),
                                         work("y", "a", data, forward_only=True)])
     assert outcomes[0].logprobs == outcomes[1].logprobs  # type: ignore[union-attr]
+
+
+def test_saving_state_before_any_step_writes_zero_moments(tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    engine = engine_with(tiny_model_dir)
+    engine.save_adapter(SaveWork("a", str(tmp_path / "s"), with_optimizer=True))
+    assert engine.trainer.optimizer_state("a") is None  # nothing allocated for the save
+    engine.load_adapter(LoadWork("b", str(tmp_path / "s"), with_optimizer=True))
+    state = engine.trainer.optimizer_state("b")
+    assert state is not None and state.num_steps == 0
+    assert all(not m.any() for m in state.exp_avg + state.exp_avg_sq)
