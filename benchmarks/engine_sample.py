@@ -219,6 +219,27 @@ def measure(engines: Engines, rounds: int) -> dict[str, Any]:
             "sampler_stats": stats}
 
 
+def profile_decode_steps(engines: Engines, steps: int = 16) -> dict[str, Any]:
+    """Per-op CPU time of fan-out decode steps (64 sequences at context ~130-150): where a
+    batch-invariant decode step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sampler = Sampler(engines.invariant, engines.bank, EngineConfig(kv_cache_blocks=1024),
+                      str(engines.model_dir), lambda adapter_id, adapter_dir: None)
+    params = SamplingParams(max_tokens=64, stop=StopCondition(use_eos=False), seed=0)
+    sampler.step([SampleWork(f"p{i}", "policy", None, array("q", p), 8, params)
+                  for i, p in enumerate(prompts(FANOUT, 7, engines.invariant.spec.vocab_size))],
+                 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, Stopwatch() as watch:
+        sampler.step([], steps)
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return {"decode_steps": steps, "sequences": sampler.stats.decode_tokens // max(
+                sampler.stats.decode_steps, 1),
+            "cpu_ms_per_step": 1e3 * watch.timing.cpu / steps,
+            "top_ops_ms_per_step": {e.key: round(e.self_cpu_time_total / 1e3 / steps, 2)
+                                    for e in ops[:12]}}
+
+
 def flops_per_generated_token(model: Transformer, workload: Workload) -> float:
     """Forward FLOPs of one decode token at the workload's mean context, LoRA included."""
     card = card_from_model_info(model.model_info())
@@ -243,6 +264,7 @@ def main() -> None:
     engines = build(model_dir)
     probe_start = probe_machine()
     measured = measure(engines, args.rounds)
+    decode_profile = profile_decode_steps(engines)
     probe_end = probe_machine()
     gemm = statistics.mean([probe_start.gemm_gflops, probe_end.gemm_gflops]) * 1e9
     runs = measured["runs"]
@@ -277,6 +299,7 @@ def main() -> None:
                       "hf_generate_tok_s": runs["batch/hf_generate"]["tok_s_median"],
                       "ratio": (runs["batch/ours_invariant"]["tok_s_median"]
                                 / runs["batch/hf_generate"]["tok_s_median"])},
+        "decode_step_profile": decode_profile,
         **measured,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -295,6 +318,8 @@ def markdown(r: dict[str, Any]) -> str:
                 f"{', '.join(f'{x:.2f}' for x in s['seconds'])} |")
 
     stats = r["sampler_stats"]
+    prof = r["decode_step_profile"]
+    top = ", ".join(f"`{k}` {v}" for k, v in prof["top_ops_ms_per_step"].items())
     return "\n".join([
         "# Engine sampling: KV-cache sampler vs transformers generate + PEFT",
         "",
@@ -335,6 +360,12 @@ def markdown(r: dict[str, Any]) -> str:
         f"{stats['unshared/ours_invariant']['prefill_tokens']} computed. "
         "Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 tok/s; "
         "our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md).",
+        "",
+        f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
+        f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "
+        f"step): {top}. `aten::mm` is the base linears and the LM head; `bmm`, `exp`, "
+        "`index_select` and `masked_fill` are mostly the tiled attention, whose fixed 16-row "
+        "tiles hold 2 real rows per decode token (8 positions × 2 GQA heads, 1 of them real).",
         "",
     ])
 
