@@ -23,13 +23,21 @@ class Completion:
     heldout_reward: float
 
 
+def seeded_for(params: tinker.SamplingParams, prompt_id: int) -> tinker.SamplingParams:
+    """A per-prompt seed: one shared seed would give every prompt's i-th sample the same random
+    stream, correlating the groups (and the pass-rate estimate) across prompts."""
+    base = 0 if params.seed is None else params.seed
+    return params.model_copy(update={"seed": base * 1_000_003 + prompt_id})
+
+
 def sample_group(
     sampler: tinker.SamplingClient, renderer: Renderer, prompt: ClampPrompt,
     num_samples: int, params: tinker.SamplingParams,
 ) -> list[Completion]:
     """Sample `num_samples` completions of one prompt (one request, shared prompt KV)."""
     tokens = renderer.prompt_tokens(prompt.text)
-    response = sampler.sample(tinker.ModelInput.from_ints(tokens), num_samples, params).result()
+    response = sampler.sample(tinker.ModelInput.from_ints(tokens), num_samples,
+                              seeded_for(params, prompt.prompt_id)).result()
     out = []
     for seq in response.sequences:
         text = renderer.decode(list(seq.tokens))
@@ -48,7 +56,8 @@ def pass_rates(
     futures = []
     for prompt in prompts:
         tokens = tinker.ModelInput.from_ints(renderer.prompt_tokens(prompt.text))
-        futures.append(sampler.sample(tokens, samples_per_prompt, params))
+        futures.append(sampler.sample(tokens, samples_per_prompt,
+                                      seeded_for(params, prompt.prompt_id)))
     train, heldout, total = 0.0, 0.0, 0
     for future in futures:
         for seq in future.result().sequences:
