@@ -1,15 +1,16 @@
 """Causal attention over a paged KV layout: the batch-invariant tiled kernel and a fast one.
 
-`tiled_paged_attention` (batch-invariant mode) runs every query tile against fixed 64-key
-blocks visited in one sequential order with an online softmax. Every matmul has a fixed
-per-matrix shape (``[groups·tile, head_dim] × [head_dim, block]`` and ``[groups·tile, block] ×
-[block, head_dim]``), every reduction is row-local over one block, and a block a row cannot see
-is an exact no-op (its max is -inf, so alpha = exp(0) = 1 and it adds exactly 0). A query's
-result therefore depends only on its own position's keys, never on the batch around it,
+`tiled_paged_attention` (batch-invariant mode) runs the `TilePlan`'s tiles against fixed
+``block_size``-key pages, KV step by KV step, with an online softmax whose state (running max,
+sum, accumulator) lives per query row and moves with the row between tiles. Every matmul has a
+fixed per-matrix shape (``[rows, head_dim] × [head_dim, block]`` and ``[rows, block] × [block,
+head_dim]``, rows a multiple of 4), every other op is row-local (the reductions run over one
+block), and each row sees its blocks in the order 0, 1, 2, ...: a query's result depends only
+on its own position's keys, never on the batch around it, on which rows share its tile, or on
 whether it came from a full forward, a prefill or a one-token decode step.
 
 `dense_attention` (fast mode) gathers each sequence's pages into a dense padded key range and
-calls SDPA once: correct, cheaper per decode step, and not batch-invariant.
+calls SDPA once: correct, and not batch-invariant.
 Both take keys/values already written to pages; neither knows about LoRA or weights.
 """
 
@@ -20,115 +21,117 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from loraplex.engine.model.packed_batch import PackedBatch, TilePlan
+from loraplex.engine.model.packed_batch import PackedBatch
+from loraplex.engine.model.tile_plan import TileGroup, TilePlan
 
 
 def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                          plan: TilePlan, num_kv_heads: int) -> torch.Tensor:
+                          plan: TilePlan) -> torch.Tensor:
     """Attention output ``[rows, heads·head_dim]`` for scaled queries.
 
     Args:
         q_R_H_D: queries of every row, already multiplied by ``head_dim ** -0.5``.
         k_pages, v_pages: ``[blocks, kv_heads, block_size, head_dim]`` pages with this batch's
             keys/values written.
-        plan: the batch's tile plan (sorted tiles, limits, per-tile block tables).
+        plan: the batch's tile plan. Rows no tile reads (row padding) get zeros.
     """
-    _, num_heads, head_dim = q_R_H_D.shape
-    groups = num_heads // num_kv_heads
-    num_tiles, tile = plan.rows_N_T.shape
-    # Gather queries into tiles: [N, T, Hkv, g, D] -> [N, Hkv, g·T, D]; pad slots read row R (0s).
-    q_pad = torch.cat([q_R_H_D, q_R_H_D.new_zeros(1, num_heads, head_dim)])
-    q_tiles = (q_pad.index_select(0, plan.rows_N_T.flatten())
-               .view(num_tiles, tile, num_kv_heads, groups, head_dim)
-               .permute(0, 2, 3, 1, 4).reshape(num_tiles, num_kv_heads, groups * tile, head_dim))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q_tiles, k_pages, v_pages)):
-        out = _TiledAttention.apply(q_tiles, k_pages, v_pages, plan, tile)
+    rows, heads, head_dim = q_R_H_D.shape
+    assert rows * heads == plan.num_query_rows
+    q_A_D = torch.cat([q_R_H_D.reshape(rows * heads, head_dim), q_R_H_D.new_zeros(1, head_dim)])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q_A_D, k_pages, v_pages)):
+        out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan)
     else:
-        out, _ = _tiles_forward(q_tiles, k_pages, v_pages, plan, tile)
-    out = (out.view(num_tiles, num_kv_heads, groups, tile, head_dim).permute(0, 3, 1, 2, 4)
-           .reshape(num_tiles * tile, num_heads * head_dim))
-    out = torch.cat([out, out.new_zeros(1, num_heads * head_dim)])
-    return out.index_select(0, plan.slot_of_row_R)
+        out_A_D, _ = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+    return out_A_D[:-1].view(rows, heads * head_dim)
 
 
-def _block_scores(q: torch.Tensor, k: torch.Tensor, b: int, limits_n_T: torch.Tensor,
-                  tile: int) -> torch.Tensor:
-    """Masked scores ``[n, Hkv, g·T, block]`` of KV block ``b`` (-inf where not visible)."""
-    n, kv_heads, rows, _ = q.shape
-    block = k.shape[2]
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    key_pos = b * block + torch.arange(block, device=q.device)
-    visible = key_pos < limits_n_T[:, :, None]  # [n, T, block]
-    return (scores.view(n, kv_heads, rows // tile, tile, block)
-            .masked_fill(~visible[:, None, None], float("-inf")).view(n, kv_heads, rows, block))
+def _read(pages: torch.Tensor, group: TileGroup) -> torch.Tensor:
+    """``[N, kv_heads, block, head_dim]``: the group's pages (a view when consecutive)."""
+    if group.page_range is not None:
+        return pages[group.page_range[0]:group.page_range[1]]
+    return pages.index_select(0, group.pages_N)
 
 
-def _gather(pages: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    return pages.index_select(0, blocks).contiguous()
+def _scores(q_t: torch.Tensor, k_t: torch.Tensor, group: TileGroup) -> torch.Tensor:
+    """Scores ``[N, kv_heads, rows, block]`` with -inf where a key is not visible."""
+    s = torch.matmul(q_t, k_t.transpose(-1, -2))
+    mask = group.mask_M_1_R_B
+    if mask is not None:
+        s[:mask.shape[0]].masked_fill_(mask, float("-inf"))
+    return s
 
 
-def _tiles_forward(q_tiles: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                   plan: TilePlan, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online softmax over KV blocks (the algorithm): ``out [N, Hkv, g·T, D]`` and the
-    log-sum-exp of every query row (for the backward)."""
-    finished: list[tuple[torch.Tensor, torch.Tensor]] = []
-    m = l_sum = acc = q_tiles  # rebound at b == 0; typed placeholders
-    for b, n in enumerate(plan.active_tiles):
-        if b > 0 and n < acc.shape[0]:  # tiles [n:] need no further block: normalise and park
-            finished.append((acc[n:] / l_sum[n:, :, :, None], m[n:] + torch.log(l_sum[n:])))
-            m, l_sum, acc = m[:n], l_sum[:n], acc[:n]
-        blocks = plan.block_table_N_B[:n, b]
-        v = _gather(v_pages, blocks)
-        scores = _block_scores(q_tiles[:n], _gather(k_pages, blocks), b, plan.limits_N_T[:n],
-                               tile)
-        block_max = scores.amax(-1)
-        if b == 0:  # key 0 is visible to every row, so the first max is finite
-            m = block_max
-            p = torch.exp(scores - m[..., None])
-            l_sum = p.sum(-1)
-            acc = torch.matmul(p, v)
-        else:  # a block a row cannot see is an exact no-op: alpha = 1, p = 0
-            m_new = torch.maximum(m, block_max)
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(scores - m_new[..., None])
-            l_sum = l_sum * alpha + p.sum(-1)
-            acc = acc * alpha[..., None] + torch.matmul(p, v)
-            m = m_new
-    finished.append((acc / l_sum[..., None], m + torch.log(l_sum)))
-    return torch.cat([o for o, _ in finished[::-1]]), torch.cat([s for _, s in finished[::-1]])
+def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                   plan: TilePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online softmax over KV steps (the algorithm): ``out [A, D]`` and the log-sum-exp of
+    every query row (for the backward). Rows start with m = 0, l = 1, acc = 0, so a row no
+    tile reads comes out as zeros; step 0 (every row's first block) overwrites that state."""
+    num_q, head_dim = q_A_D.shape
+    m_A = q_A_D.new_zeros(num_q)
+    l_A = q_A_D.new_ones(num_q)
+    acc_A_D = q_A_D.new_zeros(num_q, head_dim)
+    for b, groups in enumerate(plan.steps):
+        for group in groups:
+            idx, shape = group.index_P, group.shape
+            q_t = q_A_D.index_select(0, idx).view(*shape, head_dim)
+            s = _scores(q_t, _read(k_pages, group), group)
+            v_t = _read(v_pages, group)
+            block_max = s.amax(-1)
+            if b == 0:  # key 0 is visible to every row, so the first max is finite
+                m = block_max
+                p = torch.exp(s - m[..., None])
+                l_sum = p.sum(-1)
+                acc = torch.matmul(p, v_t)
+            else:  # a block a row cannot see would be an exact no-op: alpha = 1, p = 0
+                m_old = m_A.index_select(0, idx).view(shape)
+                m = torch.maximum(m_old, block_max)
+                alpha = torch.exp(m_old - m)
+                p = torch.exp(s - m[..., None])
+                l_sum = l_A.index_select(0, idx).view(shape) * alpha + p.sum(-1)
+                acc = (acc_A_D.index_select(0, idx).view(*shape, head_dim) * alpha[..., None]
+                       + torch.matmul(p, v_t))
+            m_A.index_copy_(0, idx, m.reshape(-1))
+            l_A.index_copy_(0, idx, l_sum.reshape(-1))
+            acc_A_D.index_copy_(0, idx, acc.reshape(-1, head_dim))
+    return acc_A_D / l_A[:, None], m_A + torch.log(l_A)
 
 
 class _TiledAttention(torch.autograd.Function):
     """The tiled forward with a FlashAttention-2 style backward: probabilities are recomputed
-    per KV block from the saved log-sum-exp instead of being stored (less memory, fewer ops).
+    per tile from the saved log-sum-exp instead of being stored (less memory, fewer ops).
     Only the forward must be batch-invariant; the backward just has to be right."""
 
     @staticmethod
-    def forward(ctx: Any, q_tiles: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                plan: TilePlan, tile: int) -> torch.Tensor:
-        out, lse = _tiles_forward(q_tiles, k_pages, v_pages, plan, tile)
-        ctx.save_for_backward(q_tiles, k_pages, v_pages, out, lse)
-        ctx.plan, ctx.tile = plan, tile
+    def forward(ctx: Any, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                plan: TilePlan) -> torch.Tensor:
+        out, lse = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
+        ctx.plan = plan
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k_pages, v_pages, out, lse = ctx.saved_tensors
+        q_A_D, k_pages, v_pages, out, lse = ctx.saved_tensors
         plan: TilePlan = ctx.plan
+        head_dim = q_A_D.shape[1]
         d_out = d_out.contiguous()
-        delta = (d_out * out).sum(-1, keepdim=True)  # rowsum(dO ∘ O) = Σ_j P_ij dP_ij
-        d_q = torch.zeros_like(q)
+        delta_A = (d_out * out).sum(-1)  # rowsum(dO ∘ O) = Σ_j P_ij dP_ij
+        d_q = torch.zeros_like(q_A_D)
         d_k, d_v = torch.zeros_like(k_pages), torch.zeros_like(v_pages)
-        for b, n in enumerate(plan.active_tiles):
-            blocks = plan.block_table_N_B[:n, b]
-            k, v = _gather(k_pages, blocks), _gather(v_pages, blocks)
-            p = torch.exp(_block_scores(q[:n], k, b, plan.limits_N_T[:n], ctx.tile)
-                          - lse[:n, ..., None])
-            d_v.index_add_(0, blocks, torch.matmul(p.transpose(-1, -2), d_out[:n]))
-            d_s = p * (torch.matmul(d_out[:n], v.transpose(-1, -2)) - delta[:n])
-            d_q[:n] += torch.matmul(d_s, k)
-            d_k.index_add_(0, blocks, torch.matmul(d_s.transpose(-1, -2), q[:n]))
-        return d_q, d_k, d_v, None, None
+        for groups in plan.steps:
+            for group in groups:
+                idx, shape = group.index_P, group.shape
+                q_t = q_A_D.index_select(0, idx).view(*shape, head_dim)
+                k_t, v_t = _read(k_pages, group), _read(v_pages, group)
+                p = torch.exp(_scores(q_t, k_t, group)
+                              - lse.index_select(0, idx).view(*shape, 1))
+                d_o = d_out.index_select(0, idx).view(*shape, head_dim)
+                d_v.index_add_(0, group.pages_N, torch.matmul(p.transpose(-1, -2), d_o))
+                d_s = p * (torch.matmul(d_o, v_t.transpose(-1, -2))
+                           - delta_A.index_select(0, idx).view(*shape, 1))
+                d_q.index_add_(0, idx, torch.matmul(d_s, k_t).view(-1, head_dim))
+                d_k.index_add_(0, group.pages_N, torch.matmul(d_s.transpose(-1, -2), q_t))
+        return d_q, d_k, d_v, None
 
 
 def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,

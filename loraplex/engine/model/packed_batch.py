@@ -73,7 +73,7 @@ class PackedBatch:
         block_tables_S_B: per-sequence KV block ids (padded with 0).
         write_rows_W, write_block_W, write_offset_W: rows whose keys/values are stored, and where.
         num_scratch_blocks: blocks of the training scratch pages; None with a persistent cache.
-        block_size, tile_size, row_multiple: the layout parameters used.
+        block_size, row_multiple: the layout parameters used.
         tiles: the attention tile plan.
     """
 
@@ -89,7 +89,6 @@ class PackedBatch:
     write_offset_W: torch.Tensor
     num_scratch_blocks: int | None
     block_size: int
-    tile_size: int
     row_multiple: int
     tiles: TilePlan
 
@@ -122,7 +121,8 @@ def pack_sequences(
     *,
     row_multiple: int,
     block_size: int,
-    tile_size: int = 16,
+    num_heads: int = 1,
+    num_kv_heads: int = 1,
     device: torch.device | str = "cpu",
 ) -> PackedBatch:
     """Lay out sequences as rows and tiles (the algorithm; reads top to bottom).
@@ -132,13 +132,11 @@ def pack_sequences(
         row_multiple: pad the rows, and every adapter segment of the LoRA layout, to a
             multiple of this; 16 in batch-invariant mode, 1 in fast mode.
         block_size: KV positions per cache block (attention's KV block).
-        tile_size: query positions per attention tile; must divide ``block_size``.
+        num_heads, num_kv_heads: the model's query and KV heads (the tile plan's row layout).
 
     Raises:
         UserError: empty sequence, inconsistent block tables, or mixing scratch and cache mode.
     """
-    if block_size % tile_size:
-        raise user_error("kv_block_size", f"{block_size} is not a multiple of tile {tile_size}")
     _validate(seqs, block_size)
     is_scratch = all(s.block_table is None for s in seqs)
 
@@ -183,10 +181,10 @@ def pack_sequences(
         write_offset_W=tensor(write_offset),
         num_scratch_blocks=next_scratch if is_scratch else None,
         block_size=block_size,
-        tile_size=tile_size,
         row_multiple=row_multiple,
         tiles=plan_tiles([s.num_cached for s in seqs], [len(s.tokens) for s in seqs],
-                         row_start, tables, num_rows, block_size, tile_size, device),
+                         row_start, tables, num_rows=num_rows, block_size=block_size,
+                         num_heads=num_heads, num_kv_heads=num_kv_heads, device=device),
     )
 
 

@@ -31,9 +31,6 @@ from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import BaseWeights, LayerWeights
 from loraplex.errors import user_error
 
-#: Query rows of one attention matmul: ``tile positions × query heads per KV head``.
-ATTENTION_TILE_ROWS = 16
-
 
 @dataclass(frozen=True)
 class ComputeOptions:
@@ -75,17 +72,11 @@ class Transformer:
         """LoRA rank padding `AdapterBank.stack` must use (16 in batch-invariant mode)."""
         return self.options.effective_row_multiple
 
-    @property
-    def tile_size(self) -> int:
-        """Positions per attention tile: the GQA group's heads fill the 16 matmul rows, so a
-        one-token decode step wastes 16/groups rows instead of 16 (a power of two ≥ 1)."""
-        size = max(1, ATTENTION_TILE_ROWS // self.spec.num_groups)
-        return 1 << (size.bit_length() - 1)
-
     def pack(self, seqs: Sequence[SequenceInput]) -> PackedBatch:
         """`pack_sequences` with this model's layout options."""
         return pack_sequences(seqs, row_multiple=self.options.effective_row_multiple,
-                              block_size=self.options.kv_block_size, tile_size=self.tile_size,
+                              block_size=self.options.kv_block_size,
+                              num_heads=self.spec.num_heads, num_kv_heads=self.spec.num_kv_heads,
                               device=self.device)
 
     def forward(self, batch: PackedBatch, lora: LoraBatch | None = None,
@@ -144,7 +135,7 @@ class Transformer:
             kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
             k_pages, v_pages = kv.k[i], kv.v[i]
         if self.options.batch_invariant:
-            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, spec.num_kv_heads)
+            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
         else:
             out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)
         return _linear(out, layer.o_proj, lora, "o_proj", i)

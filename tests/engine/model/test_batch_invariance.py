@@ -168,6 +168,42 @@ def test_suffix_after_a_prefix_cached_by_an_earlier_request_equals_one_shot(
     assert torch.equal(hit[0], one_shot[70:])
 
 
+def test_decode_over_shared_prefix_pages_equals_the_training_forward(harness: Harness) -> None:
+    """G samples whose tables share a prompt's full pages (one tile per shared page), each with
+    a private copy of the partial last page, decoded in lockstep beside sequences with pages of
+    their own, across two block boundaries: every logprob equals the training forward's."""
+    gen = torch.Generator().manual_seed(31)
+    cache = PagedKVCache.allocate(SPEC, 32, 64, harness.model.device, harness.model.dtype)
+    prompt = random_tokens(gen, 120)  # page 0 full, page 1 partial
+    prompt_lp = harness.logprobs([SequenceInput(prompt, "r8", 0, [2, 9])],
+                                 [[*prompt[1:], 0]], cache)[0]
+    samples = [random_tokens(gen, 80) for _ in range(3)]  # positions 120..199: blocks 1, 2, 3
+    tables = [[2, 12 + 3 * i, 13 + 3 * i, 14 + 3 * i] for i in range(3)]
+    for t in tables:  # copy-on-write of the partial page, as KVPool.copy_partial_pages does
+        for pages in (*cache.k, *cache.v):
+            pages[t[1]] = pages[9]
+    own = [(random_tokens(gen, 70), None, [25, 26, 29]), (random_tokens(gen, 5), "r32", [27, 28])]
+    own_lp = harness.logprobs([SequenceInput(p, a, 0, t) for p, a, t in own],
+                              [[*p[1:], 0] for p, _, _ in own], cache)
+    got: list[list[torch.Tensor]] = [[] for _ in range(5)]
+    for step in range(len(samples[0]) - 1):
+        seqs = [SequenceInput([c[step]], "r8", 120 + step, t)
+                for c, t in zip(samples, tables, strict=True)]
+        seqs += [SequenceInput([1], a, len(p) + step, t) for p, a, t in own]
+        targets = [[c[step + 1]] for c in samples] + [[1], [1]]
+        for i, lp in enumerate(harness.logprobs(seqs, targets, cache)):
+            got[i].append(lp)
+    for c, lps in zip(samples, got[:3], strict=True):
+        full = harness.full(prompt + c, "r8")
+        assert torch.equal(torch.cat(lps), full[120:-1])
+        assert torch.equal(prompt_lp[:-1], full[:119])
+    for (p, a, _), lp0, lps in zip(own, own_lp, got[3:], strict=True):
+        tokens = p + [1] * len(samples[0])
+        full = harness.full(tokens, a)
+        assert torch.equal(lp0[:-1], full[:len(p) - 1])
+        assert torch.equal(torch.cat(lps), full[len(p):-1])
+
+
 def test_invariance_holds_with_two_threads(harness: Harness) -> None:
     torch.set_num_threads(2)
     try:
@@ -206,3 +242,36 @@ def test_blas_rows_are_invariant_for_row_counts_multiple_of_16(k: int, n: int) -
         rows = torch.randn(m, k, generator=gen)
         rows[m // 3] = x[0]
         assert torch.equal(F.linear(rows, w)[m // 3], reference)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_blas_rows_are_invariant_in_attention_tiles_of_any_multiple_of_4_rows(
+        threads: int, head_dim: int) -> None:
+    """The tile plan's assumption: a query row (or probability row) gives the same bits in
+    every ``[rows, head_dim] × [head_dim, 64]`` (and ``[rows, 64] × [64, head_dim]``) matmul
+    with rows a multiple of 4, at any row, in a batch of any size."""
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(head_dim)
+        keys, values = torch.randn(64, head_dim, generator=gen), torch.randn(64, head_dim,
+                                                                             generator=gen)
+        q, p = torch.randn(head_dim, generator=gen), torch.randn(64, generator=gen)
+
+        def product(rows: int, at: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+            q_t = torch.randn(count, rows, head_dim, generator=gen)
+            p_t = torch.randn(count, rows, 64, generator=gen)
+            q_t[count // 2, at], p_t[count // 2, at] = q, p
+            k_t = keys.expand(count, 64, head_dim).contiguous()
+            v_t = values.expand(count, 64, head_dim).contiguous()
+            return (torch.matmul(q_t, k_t.transpose(-1, -2))[count // 2, at],
+                    torch.matmul(p_t, v_t)[count // 2, at])
+
+        reference = product(128, 77, 3)
+        for rows in (4, 8, 12, 16, 64, 128, 256):
+            for at in {0, rows // 2, rows - 1}:
+                for count in (1, 2, 33):
+                    s, o = product(rows, at, count)
+                    assert torch.equal(s, reference[0]) and torch.equal(o, reference[1])
+    finally:
+        torch.set_num_threads(1)

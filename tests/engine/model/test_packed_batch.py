@@ -16,7 +16,7 @@ from loraplex.errors import UserError
 
 
 def pack(seqs: list[SequenceInput], row_multiple: int = 16):  # type: ignore[no-untyped-def]
-    return pack_sequences(seqs, row_multiple=row_multiple, block_size=64, tile_size=16)
+    return pack_sequences(seqs, row_multiple=row_multiple, block_size=64)
 
 
 def test_rows_group_adapters_in_first_appearance_order_with_base_last() -> None:
@@ -52,20 +52,38 @@ def test_fast_mode_rows_are_unpadded() -> None:
     assert batch.lora_rows is not None and batch.lora_rows.segment_ends == (7,)
 
 
-def test_tiles_align_on_absolute_positions_and_sort_by_blocks() -> None:
+def test_tiles_group_tokens_by_page_and_mask_only_last_blocks() -> None:
     seqs = [SequenceInput([5] * 3, None, 37, [7]), SequenceInput([6] * 100, None, 0, [1, 2])]
-    batch = pack(seqs)
-    tiles = batch.tiles
-    assert tiles.active_tiles == (8, 3)  # seq 1: tiles 4..6 need block 1
-    first = tiles.rows_N_T[:3].tolist()
-    assert all(len(r) == 16 for r in first)
-    seq0 = 3  # after seq 1's three 2-block tiles; stable input order among 1-block tiles
-    assert tiles.rows_N_T[seq0, 5:8].tolist() == [0, 1, 2]  # positions 37..39 of seq 0
-    assert tiles.limits_N_T[seq0, 5:8].tolist() == [38, 39, 40]
-    assert tiles.rows_N_T[seq0, 0] == batch.num_rows and tiles.limits_N_T[seq0, 0] == 1
-    assert tiles.block_table_N_B[seq0].tolist() == [7, 0]
+    batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=2, num_kv_heads=1)
+    zero_row = batch.num_rows * 2  # rows are (token row, head) pairs
+    assert batch.tiles.num_query_rows == zero_row
+    step0, step1 = batch.tiles.steps
+    small, large = step0  # by size: seq 0's 3 tokens pad to 4; seq 1's 64-token tiles
+    assert small.shape == (1, 1, 8) and large.shape == (2, 1, 128)
+    assert small.index_P.tolist() == [0, 1, 2, 3, 4, 5, zero_row, zero_row]
+    assert small.pages_N.tolist() == [7] and small.page_range == (7, 8)
+    assert small.mask_M_1_R_B is not None
+    visible = (~small.mask_M_1_R_B[0, 0]).sum(-1).tolist()
+    assert visible == [38, 38, 39, 39, 40, 40, 64, 64]  # limits 38..40; pad rows unmasked
+    assert large.pages_N.tolist() == [1, 1] and large.page_range is None
+    assert large.mask_M_1_R_B is not None and large.mask_M_1_R_B.shape[0] == 1  # diagonal only
+    assert large.index_P[:2].tolist() == [6, 7]  # seq 1 starts at row 3
+    [last] = step1  # positions 64..99 of seq 1 read block 1 (page 2) as their last block
+    assert last.shape == (1, 1, 128) and last.pages_N.tolist() == [2]
     assert batch.write_block_W[:3].tolist() == [7, 7, 7]
     assert batch.write_offset_W[:3].tolist() == [37, 38, 39]
+
+
+def test_sequences_sharing_a_page_share_a_tile() -> None:
+    """Two decode tokens over a shared prompt page: one 4-row tile at block 0, then one
+    masked tile each on their private pages (consecutive: read as a view)."""
+    seqs = [SequenceInput([1], None, 70, [3, 4]), SequenceInput([2], None, 70, [3, 5])]
+    batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=2, num_kv_heads=1)
+    [shared], [private] = batch.tiles.steps
+    assert shared.shape == (1, 1, 4) and shared.pages_N.tolist() == [3]
+    assert shared.mask_M_1_R_B is None and shared.index_P.tolist() == [0, 1, 2, 3]
+    assert private.shape == (2, 1, 4) and private.page_range == (4, 6)
+    assert private.mask_M_1_R_B is not None and private.mask_M_1_R_B.shape[0] == 2
 
 
 @pytest.mark.parametrize(("seqs", "field"), [

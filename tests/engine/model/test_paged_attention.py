@@ -24,11 +24,10 @@ def reference(q_R_H_D: torch.Tensor, k_R_H_D: torch.Tensor, v_R_H_D: torch.Tenso
     return out
 
 
-@pytest.mark.parametrize("tile", [8, 16])
-def test_tiled_forward_and_backward_match_dense_sdpa(tile: int) -> None:
-    lengths = [1, 63, 64, 65, 150, 17]
+@pytest.mark.parametrize("lengths", [[1, 63, 64, 65, 150, 17], [300, 2, 129]])
+def test_tiled_forward_and_backward_match_dense_sdpa(lengths: list[int]) -> None:
     batch = pack_sequences([SequenceInput([0] * n) for n in lengths], row_multiple=16,
-                           block_size=64, tile_size=tile)
+                           block_size=64, num_heads=HEADS, num_kv_heads=KV_HEADS)
     gen = torch.Generator().manual_seed(0)
     rows = batch.num_rows
     q = (torch.randn(rows, HEADS, HEAD_DIM, generator=gen) * 0.5).requires_grad_()
@@ -44,9 +43,10 @@ def test_tiled_forward_and_backward_match_dense_sdpa(tile: int) -> None:
             pages = [scratch_pages(batch.num_scratch_blocks, 64, batch.write_block_W,
                                    batch.write_offset_W, x.index_select(0, batch.write_rows_W))
                      for x in (k, v)]
-            attend = tiled_paged_attention if kind == "tiled" else dense_attention
-            plan = batch.tiles if kind == "tiled" else batch
-            out = attend(q, pages[0], pages[1], plan, KV_HEADS)  # type: ignore[arg-type]
+            if kind == "tiled":
+                out = tiled_paged_attention(q, pages[0], pages[1], batch.tiles)
+            else:
+                out = dense_attention(q, pages[0], pages[1], batch, KV_HEADS)
         real = batch.row_index()
         out = out.index_select(0, real)
         grads = torch.autograd.grad(out, (q, k, v), grad_out.index_select(0, real))
@@ -61,11 +61,11 @@ def test_tiled_forward_and_backward_match_dense_sdpa(tile: int) -> None:
 def test_padded_query_rows_stay_finite_in_backward() -> None:
     """Pad rows (no real token) get a valid key and zero gradient, never NaN."""
     batch = pack_sequences([SequenceInput([0] * 3, None, 37, [0])], row_multiple=16,
-                           block_size=64, tile_size=16)
+                           block_size=64, num_heads=HEADS, num_kv_heads=KV_HEADS)
     k_pages = torch.randn(1, KV_HEADS, 64, HEAD_DIM, requires_grad=True)
     v_pages = torch.randn(1, KV_HEADS, 64, HEAD_DIM, requires_grad=True)
     q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, requires_grad=True)
-    out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, KV_HEADS)
+    out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
     out.sum().backward()
     assert torch.isfinite(out).all()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k_pages, v_pages))
