@@ -1,8 +1,10 @@
-"""A live server (real app, scheduler and stores, toy executor) for the SDK-driven API tests.
+"""A live server (real app, scheduler and stores) for the SDK-driven API tests.
 
 One server per test module; every test makes its own tenant (a fresh ``tml-`` key), so tests
-do not see each other's runs. ``LORAPLEX_TEST_EXECUTOR=engine`` runs the same tests on the
-torch engine (built-in tiny model); tests marked `toy_only` need the toy's internals.
+do not see each other's runs. The server runs the torch engine on the built-in tiny model by
+default; ``LORAPLEX_TEST_EXECUTOR=toy`` swaps in the toy executor (a quick loop that needs no
+torch work). Tests marked `toy_only` inspect or steer the toy's internals: they always get a
+toy server of their own.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from tests.fakes import ToyExecutor
 from tests.integration.serve_fake import fake_context
 
 MODEL = DEFAULT_MODEL_NAME
-EXECUTOR = os.environ.get("LORAPLEX_TEST_EXECUTOR", "toy")
-toy_only = pytest.mark.skipif(EXECUTOR != "toy", reason="inspects the toy executor")
+EXECUTOR = os.environ.get("LORAPLEX_TEST_EXECUTOR", "engine")
+toy_only = pytest.mark.toy_only
+engine_only = pytest.mark.skipif(EXECUTOR != "engine", reason="needs the torch engine's losses")
 
 
 @dataclass
@@ -43,14 +46,31 @@ class Server:
         return executor
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def _serve(tmp_path_factory: pytest.TempPathFactory, executor: str) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("loraplex-data")
     ctx = fake_context(str(data_dir), client_config={"fwdbwd_max_chunk_len": 2},
-                       executor=EXECUTOR)
+                       executor=executor)
     with live_server(ctx) as url:
         yield Server(url, ctx)
     ctx.stores.close()
+
+
+@pytest.fixture(scope="module")
+def suite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, EXECUTOR)
+
+
+@pytest.fixture(scope="module")
+def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "toy")
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Server:
+    """The module's server: the suite's executor, or the toy for `toy_only` tests."""
+    is_toy = EXECUTOR == "toy" or request.node.get_closest_marker("toy_only") is not None
+    chosen: Server = request.getfixturevalue("toy_server" if is_toy else "suite_server")
+    return chosen
 
 
 @pytest.fixture

@@ -23,18 +23,21 @@ def rollout(sampler: tinker.SamplingClient) -> types.SampledSequence:
     return sampler.sample(types.ModelInput.from_ints(PROMPT), 1, params).result().sequences[0]
 
 
-def rl_datum(seq: types.SampledSequence, sequence_id: str | None = None) -> types.Datum:
+def rl_datum(seq: types.SampledSequence, sequence_id: str | None = None, *,
+             prompt: list[int] = PROMPT, advantage: float = 1.0,
+             logprobs: list[float] | None = None) -> types.Datum:
     """The cookbook's layout: model_input = S[:-1], targets = S[1:], spans with the first
-    position dropped for the loss inputs."""
+    position dropped for the loss inputs. ``logprobs`` replaces the sampled ones sent."""
     sid = sequence_id or seq.sequence_id
-    full = PROMPT + list(seq.tokens)
+    full = prompt + list(seq.tokens)
     n = len(full) - 1
-    prompt_n, action_n = len(PROMPT), len(seq.tokens)
+    prompt_n, action_n = len(prompt), len(seq.tokens)
+    sent = list(seq.logprobs or []) if logprobs is None else logprobs
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(full[:-1]),
         loss_fn_inputs={"target_tokens": full[1:],
-                        "logprobs": [0.0] * (prompt_n - 1) + list(seq.logprobs or []),
-                        "advantages": [0.0] * (prompt_n - 1) + [1.0] * action_n})
+                        "logprobs": [0.0] * (prompt_n - 1) + sent,
+                        "advantages": [0.0] * (prompt_n - 1) + [advantage] * action_n})
     assert n == prompt_n - 1 + action_n
     return datum.with_provenance(
         model_input=[types.PromptProvenanceSpan(sequence_id=sid, offset=0, length=prompt_n),

@@ -11,7 +11,8 @@ import pytest
 import tinker
 from tinker import types
 
-from tests.api.conftest import MODEL, Server, toy_only
+from loraplex.cli.model_sources import resolve_source
+from tests.api.conftest import MODEL, Server, engine_only, toy_only
 from tests.api.test_training import ADAM, DATA
 from tests.fakes import toy_detokenize
 
@@ -67,6 +68,27 @@ def test_stop_strings_use_the_model_detokenizer(service_client: Make) -> None:
     by_str = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[text])).result().sequences[0]
     assert by_str.stop_reason == "stop" and text in toy_detokenize(by_str.tokens)
     assert len(by_str.tokens) <= 4
+
+
+@engine_only
+def test_stop_strings_match_the_served_models_tokenizer(server: Server, service_client: Make
+                                                        ) -> None:
+    """What role_colon renderers rely on: a string stop, matched in the text the served model's
+    own tokenizer decodes (the one `loraplex model cache-tokenizer` gives the client)."""
+    from tokenizers import Tokenizer
+
+    source = server.ctx.catalog.get(MODEL).source
+    model_dir = resolve_source(source, server.ctx.config.data_dir, create=False)
+    tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+    sampler = service_client().create_sampling_client(base_model=MODEL).result()
+    free = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[])).result().sequences[0]
+    windows = [(end, tokenizer.decode(free.tokens[end - 2:end], skip_special_tokens=False))
+               for end in range(4, 12)]
+    end, text = next((e, t.strip()) for e, t in windows if t.strip() and "\ufffd" not in t)
+    by_str = sampler.sample(PROMPT, 1, params(max_tokens=12, stop=[text])).result().sequences[0]
+    assert by_str.stop_reason == "stop"
+    assert text in tokenizer.decode(by_str.tokens, skip_special_tokens=False)
+    assert by_str.tokens == free.tokens[: len(by_str.tokens)] and len(by_str.tokens) <= end
 
 
 def test_topk_sample_and_prompt_logprobs(service_client: Make) -> None:

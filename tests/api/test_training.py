@@ -1,4 +1,4 @@
-"""Training through the real tinker SDK 0.38 against the live server (toy executor)."""
+"""Training through the real tinker SDK 0.38 against the live server (torch engine by default)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def datum(tokens: list[int], weight: float = 1.0) -> types.Datum:
 
 
 DATA = [datum([2 + i, 7, 11 + i, 5, 9]) for i in range(5)]  # 3 chunks of ≤2 datums
-ADAM = types.AdamParams(learning_rate=0.05)
+ADAM = types.AdamParams(learning_rate=0.01)  # 0.05 diverges on the real tiny model
 
 
 def logprobs(out: types.ForwardBackwardOutput) -> list[np.ndarray]:
@@ -64,13 +64,14 @@ def test_forward_matches_forward_backward_and_changes_nothing(service_client: Ma
 
 def test_forward_backward_custom_equals_the_matching_linear_loss(service_client: Make) -> None:
     client = service_client()
-    custom = client.create_lora_training_client(base_model=MODEL, rank=4).result()
-    linear = client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    # One seed: both adapters start from the same random A, so only the losses differ.
+    custom = client.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
+    linear = client.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
 
     def doubled_nll(data: list[types.Datum], lps: list[torch.Tensor]
                     ) -> tuple[torch.Tensor, dict[str, float]]:
         loss = sum(-2.0 * lp.sum() for lp in lps)
-        return loss, {"custom:sum": float(loss)}  # type: ignore[arg-type]
+        return loss, {"custom:sum": float(loss.detach())}  # type: ignore[union-attr,arg-type]
 
     out = custom.forward_backward_custom(DATA, doubled_nll).result()
     assert "custom:sum" in out.metrics
@@ -80,7 +81,7 @@ def test_forward_backward_custom_equals_the_matching_linear_loss(service_client:
     linear.optim_step(ADAM).result()
     for a, b in zip(logprobs(custom.forward(DATA, "cross_entropy").result()),
                     logprobs(linear.forward(DATA, "cross_entropy").result()), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6)
+        np.testing.assert_array_equal(a, b)
 
 
 def _train(tc: tinker.TrainingClient, steps: int) -> None:
