@@ -4,11 +4,12 @@ Used as a subprocess by the integration tests (restart persistence, SDK 0.27) an
 the in-process API tests and the overhead benchmark. ``--executor toy`` (default) or ``noop``
 uses a fake from `tests.fakes` (no model directory needed); ``engine`` uses the torch engine on
 the resolved SOURCE exactly like `loraplex serve` (``builtin:tiny`` is created under the data
-dir). The test suites pick it from ``LORAPLEX_TEST_EXECUTOR``.
+dir; ``--threads`` as in `loraplex serve`). The test suites pick it from
+``LORAPLEX_TEST_EXECUTOR``.
 
     python tests/integration/serve_fake.py --port 8123 --data-dir DIR [--open]
         [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop|engine]
-        [--long-poll-s SECONDS] [--engine-ms MS]
+        [--long-poll-s SECONDS] [--engine-ms MS] [--threads N]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from loraplex.api.context import ServerContext
 from loraplex.cli.serve_cmd import build_context, serve
 from loraplex.config import (
     DEFAULT_MODEL_NAME,
+    EngineConfig,
     ModelSource,
     SchedulerConfig,
     ServerConfig,
@@ -37,16 +39,16 @@ def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
                  models: tuple[ModelSource, ...] = (
                      ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),),
                  client_config: Mapping[str, Any] | None = None, executor: str = "toy",
-                 engine_delay_s: float = 0.0, **server: Any) -> ServerContext:
+                 engine_delay_s: float = 0.0, num_threads: int | None = None,
+                 **server: Any) -> ServerContext:
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, models=models,
                           open_access=open_access, client_config=dict(client_config or {}),
                           **server)
     if executor == "engine":
         from loraplex.engine.executor import Engine
 
-        from loraplex.config import EngineConfig
-
-        return build_context(config, SchedulerConfig(), lambda d: Engine(d, EngineConfig()))
+        engine = EngineConfig(num_threads=num_threads)
+        return build_context(config, SchedulerConfig(), lambda d: Engine(d, engine))
 
     def make(_dir: str) -> ToyExecutor:
         return NoopExecutor(delay_s=engine_delay_s) if executor == "noop" else ToyExecutor()
@@ -65,12 +67,14 @@ def main() -> None:
     parser.add_argument("--executor", default="toy", choices=("toy", "noop", "engine"))
     parser.add_argument("--long-poll-s", type=float, default=25.0)
     parser.add_argument("--engine-ms", type=float, default=0.0, help="noop engine call time")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = parser.parse_args()
     models = tuple(ModelSource.parse(m) for m in args.model) or (
         ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),)
     ctx = fake_context(args.data_dir, port=args.port, open_access=args.open, models=models,
                        client_config=json.loads(args.client_config), executor=args.executor,
-                       long_poll_s=args.long_poll_s, engine_delay_s=args.engine_ms / 1000)
+                       long_poll_s=args.long_poll_s, engine_delay_s=args.engine_ms / 1000,
+                       num_threads=args.threads)
     serve(ctx, log_level="warning")
 
 
