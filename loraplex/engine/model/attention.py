@@ -9,8 +9,8 @@ block), and each row sees its blocks in the order 0, 1, 2, ...: a query's result
 on its own position's keys, never on the batch around it, on which rows share its tile, or on
 whether it came from a full forward, a prefill or a one-token decode step.
 
-`dense_attention` (fast mode) gathers each sequence's pages into a dense padded key range and
-calls SDPA once: correct, and not batch-invariant.
+`dense_attention` (fast mode on CUDA) gathers each sequence's pages into a dense padded key
+range and calls SDPA once: correct, and not batch-invariant.
 Both take keys/values already written to pages; neither knows about LoRA or weights.
 """
 
@@ -136,16 +136,24 @@ class _TiledAttention(torch.autograd.Function):
 
 def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                     batch: PackedBatch, num_kv_heads: int) -> torch.Tensor:
-    """Fast-mode attention: one SDPA call over per-sequence padded key ranges.
+    """Fast-mode attention on CUDA: one SDPA call over per-sequence padded key ranges.
 
     Same inputs and output as `tiled_paged_attention` (queries pre-scaled); pads each
-    sequence's queries to the longest new-token count and keys to the widest block table.
+    sequence's queries to the longest new-token count and its keys to the longest key range
+    with zeros (masked). Only the pages holding a sequence's keys are read.
     """
     num_rows, num_heads, head_dim = q_R_H_D.shape
     device = q_R_H_D.device
-    num_seqs, width = batch.block_tables_S_B.shape
+    num_seqs = batch.num_sequences
     block = k_pages.shape[2]
     q_len = max(batch.seq_num_new)
+    num_keys = [c + n for c, n in zip(batch.seq_num_cached, batch.seq_num_new, strict=True)]
+    used = [-(-n // block) for n in num_keys]
+    width = max(used)
+    slots = [(i, j) for i, n in enumerate(used) for j in range(n)]
+    seq_P = torch.tensor([i for i, _ in slots], device=device)
+    slot_P = torch.tensor([j for _, j in slots], device=device)
+    page_P = batch.block_tables_S_B[seq_P, slot_P]
     starts = torch.tensor(batch.seq_row_start, device=device)
     num_new = torch.tensor(batch.seq_num_new, device=device)
     cached = torch.tensor(batch.seq_num_cached, device=device)
@@ -156,9 +164,10 @@ def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
     q = q_pad[q_idx].transpose(1, 2)  # [S, H, Lq, D]
 
     def dense(pages: torch.Tensor) -> torch.Tensor:
-        gathered = pages[batch.block_tables_S_B]  # [S, B, Hkv, block, D]
-        return gathered.permute(0, 2, 1, 3, 4).reshape(num_seqs, num_kv_heads, width * block,
-                                                       head_dim)
+        out = pages.new_zeros(num_seqs, width, *pages.shape[1:])  # [S, B, Hkv, block, D]
+        out = out.index_put((seq_P, slot_P), pages.index_select(0, page_P))
+        return out.permute(0, 2, 1, 3, 4).reshape(num_seqs, num_kv_heads, width * block,
+                                                  head_dim)
 
     keys = torch.arange(width * block, device=device)
     limit = torch.where(is_real, cached[:, None] + j[None, :] + 1, 1)  # pad queries see key 0

@@ -37,8 +37,10 @@ class ComputeOptions:
     """How the forward computes (a slice of `EngineConfig`, resolved).
 
     Attributes:
-        batch_invariant: pad rows/ranks and use the tiled paged attention (bitwise results
-            independent of the batch); False: compact rows and SDPA.
+        batch_invariant: pad rows/ranks to ``row_multiple`` (bitwise results independent of
+            the batch); False: compact rows. Attention is the tiled paged kernel, except in
+            fast mode on CUDA (SDPA over a dense gather); on CPU the tiled kernel measured
+            faster than SDPA for training and decode alike.
         row_multiple: row and rank padding in batch-invariant mode.
         kv_block_size: keys per attention block and cache page.
     """
@@ -134,7 +136,7 @@ class Transformer:
         else:
             kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
             k_pages, v_pages = kv.k[i], kv.v[i]
-        if self.options.batch_invariant:
+        if self.options.batch_invariant or q.device.type == "cpu":
             out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
         else:
             out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)

@@ -70,3 +70,21 @@ def test_padded_query_rows_stay_finite_in_backward() -> None:
     assert torch.isfinite(out).all()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k_pages, v_pages))
     assert k_pages.grad is not None and k_pages.grad[:, :, 40:].abs().sum() == 0  # never visible
+
+
+def test_dense_attention_reads_only_the_pages_a_sequence_uses() -> None:
+    """Short tables are padded with page 0 in the batch; page 0 holds NaN here and must not
+    leak into any output (nor may the unused tail of a longer table)."""
+    batch = pack_sequences([SequenceInput([0] * 5, None, 10, [3]),
+                            SequenceInput([0] * 2, None, 140, [1, 2, 4, 0])],
+                           row_multiple=16, block_size=64, num_heads=HEADS,
+                           num_kv_heads=KV_HEADS)
+    gen = torch.Generator().manual_seed(3)
+    k_pages = torch.randn(6, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    v_pages = torch.randn(6, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    k_pages[0], v_pages[0] = float("nan"), float("nan")
+    q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, generator=gen)
+    dense = dense_attention(q, k_pages, v_pages, batch, KV_HEADS)
+    tiled = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
+    assert torch.isfinite(dense).all()
+    assert (dense - tiled).abs().max().item() <= 2e-5
