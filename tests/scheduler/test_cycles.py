@@ -17,6 +17,7 @@ from loraplex.scheduler.scheduler import Scheduler
 from loraplex.store.stores import Stores
 from tests.fakes import TOY_STATE_FILE, ToyExecutor
 from tests.scheduler.work_builders import (
+    FakeClock,
     create,
     datum,
     drain,
@@ -134,6 +135,33 @@ def test_timeslice_serves_one_model_per_cycle(toy: ToyExecutor, stores: Stores) 
     assert drain(s) == 2
     assert toy.calls == [("forward_backward", ("a:train:0",) * 2), ("optim_step", ("a:train:0",)),
                          ("forward_backward", ("b:train:0",) * 2), ("optim_step", ("b:train:0",))]
+
+
+def test_timeslice_turns_follow_arrival_so_no_model_is_skipped(
+    toy: ToyExecutor, stores: Stores
+) -> None:
+    clock = FakeClock()
+    s = make_scheduler(toy, stores, clock=clock, timeslice=True)
+    models = [("a:train:0", "alice"), ("b:train:0", "bob"), ("c:train:0", "carol")]
+    ready(s, toy, *models)
+    seq = {model_id: 1 for model_id, _ in models}
+
+    def submit_step(model_id: str, tenant: str) -> None:
+        clock.now += 1.0
+        s.submit(fwd_bwd(model_id, seq[model_id], tenant=tenant))
+        s.submit(optim(model_id, seq[model_id] + 1, tenant=tenant))
+        seq[model_id] += 2
+
+    for model_id, tenant in models:
+        submit_step(model_id, tenant)
+    served = []
+    for _ in range(7):  # each served model resubmits at once, as a pipelined client does
+        plan = step(s)
+        assert isinstance(plan, CyclePlan)
+        (model_id,) = {it.model_id for it in plan.items}
+        served.append(model_id[0])
+        submit_step(model_id, plan.items[0].tenant)
+    assert "".join(served) == "abcabca"
 
 
 class BusyServer:
