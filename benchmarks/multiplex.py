@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -90,8 +91,8 @@ class Settings:
     rank: int = 16
     warmup_steps: int = 1
     timed_steps: int = 2
-    min_window_tokens: int = 4096
-    repeats: int = 1
+    min_window_tokens: int = 3072
+    repeats: int = 2
     threads: int | None = 1
     peer_threads: int | None = 1
     peer_args: tuple[str, ...] = ("--steps", "2", "--warmup-steps", "1", "--rounds", "2",
@@ -115,7 +116,7 @@ class Settings:
 
 
 QUICK = Settings(ks=(1, 2, 4), sft_batch=2, seq_len=64, timed_steps=2, max_tokens=8,
-                 min_window_tokens=512,
+                 min_window_tokens=512, repeats=1,
                  peer_args=("--steps", "1", "--warmup-steps", "1", "--rounds", "1",
                             "--num-prompts", "2", "--fanout-samples", "2", "--max-tokens", "8",
                             "--train-lengths", "64,64,128,128"))
@@ -235,6 +236,16 @@ def peer_phase(settings: Settings, model_dir: Path, scratch: Path, skyrl_dir: Pa
     return out
 
 
+def git_state() -> dict[str, Any]:
+    """The commit measured, and whether loraplex/ had uncommitted changes (other work)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "loraplex_dirty": bool(git("status", "--porcelain", "--", "loraplex"))}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="K=1,2,4, short sequences (smoke run)")
@@ -292,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "quick": args.quick, "settings": asdict(settings), "model_dir": str(model_dir),
         "flops_per_trained_token": flops, "roofline_tok_s": roofline_tok_s,
-        "cores": os.cpu_count(), "probe_start": probe_start.as_dict(),
+        "cores": os.cpu_count(), "git": git_state(), "probe_start": probe_start.as_dict(),
         "per_op_overhead_ms": per_op_overhead_ms(16, 10 if args.quick else 50),
     }
     result["modes"] = multiplex_phase(settings, model_dir, args.scratch_dir, roofline_tok_s)

@@ -45,8 +45,9 @@ def mode_table(rows: list[dict[str, Any]]) -> list[str]:
 def runs_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| K | run | tok/s | tok per server CPU s | sampled tok/s | window s | utilization "
              "| engine s (cycle / sample / control) | idle s | train cycles (mean tenants, "
-             "tokens) | client / server / other CPU share | load avg start → end |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tokens) | sample plans (mean requests decoding) | client / server / other CPU "
+             "share | load avg start → end |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for variant in ("packed", "timeslice", "single"):
             for run in r["runs"][variant]:
@@ -58,10 +59,57 @@ def runs_table(rows: list[dict[str, Any]]) -> list[str]:
                     f"{_f(e.get('cycle'), 1)} / {_f(e.get('sample'), 1)} / "
                     f"{_f(e.get('control'), 1)} | {run['idle_s']:.1f} | {cyc['count']} "
                     f"({cyc['mean_tenants']:.1f}, {cyc['mean_tokens']:.0f}) | "
+                    f"{run['sample_plans']['count']} ({run['sample_plans']['mean_running']:.1f})"
+                    " | "
                     f"{run['client_cpu_share']:.3f} / {run['server_cpu_share']:.2f} / "
                     f"{run['other_cpu_share']:.2f} | {run['load_avg']['start'][0]} → "
                     f"{run['load_avg']['end'][0]} |")
     return lines
+
+
+def noise_floor(rows: list[dict[str, Any]]) -> list[str]:
+    """At K=1 the three variants run the same workload: their spread is the noise floor."""
+    one = next((r for r in rows if r["k"] == 1), None)
+    if one is None:
+        return []
+    return [f"Noise floor: at K=1 the three runs are the same workload (one tenant, same "
+            f"batch), so their ratios should be 1: efficiency {one['efficiency']:.2f}, speedup "
+            f"vs timeslice {one['speedup_vs_timeslice']:.2f}. Differences of that size "
+            "elsewhere in the table are noise from the other jobs on the machine."]
+
+
+def time_split(mode: str, rows: list[dict[str, Any]]) -> list[str]:
+    """Where the time went at the largest K: per variant, trained tokens per engine second
+    and per server CPU second, the engine's busy fraction and how work was batched."""
+    top = rows[-1]
+    lines = [f"Where the time went at K={top['k']} (medians over repeats):", "",
+             "| run | tok/s | engine ms per token | tok per server CPU s | utilization | "
+             "train cycles per round | tenants per cycle | sample plans (requests decoding) | "
+             "client / other CPU share |", "|---|---|---|---|---|---|---|---|---|"]
+    for variant in ("packed", "timeslice", "single"):
+        runs = top["runs"][variant]
+
+        def med(get: Any, of: list[dict[str, Any]] = runs) -> float:
+            return _median([get(r) for r in of])
+
+        lines.append(
+            f"| {variant} | {med(lambda r: r['aggregate_tok_s']):.0f} | "
+            f"{med(lambda r: r['engine_s_per_ktok']):.2f} | "
+            f"{med(lambda r: r['tok_per_server_cpu_s']):.0f} | "
+            f"{med(lambda r: r['utilization']):.2f} | "
+            f"{med(_cycles_per_round):.1f} | "
+            f"{med(lambda r: r['train_cycles']['mean_tenants']):.1f} | "
+            f"{med(lambda r: r['sample_plans']['count']):.0f} "
+            f"({med(lambda r: r['sample_plans']['mean_running']):.1f}) | "
+            f"{med(lambda r: r['client_cpu_share']):.3f} / "
+            f"{med(lambda r: r['other_cpu_share']):.2f} |")
+    return lines
+
+
+def _cycles_per_round(run: dict[str, Any]) -> float:
+    """Training engine calls per round (a round: every tenant of the run does one step)."""
+    return float(run["train_cycles"]["count"] * run["num_tenants"]
+                 / max(1, run["steps_in_window"]))
 
 
 def peer_section(peer: dict[str, Any]) -> list[str]:
@@ -108,7 +156,9 @@ def markdown(result: dict[str, Any], png_name: str) -> str:
         "adapter)", "",
         f"Measured {result['measured_at']} with `python -m benchmarks.multiplex"
         f"{' --quick' if result['quick'] else ''}` in {result['wall_s'] / 60:.1f} min on "
-        f"{result['cores']} cores. **Load average** at start {p0['load_avg_1m']:.2f} (5 min "
+        f"{result['cores']} cores at commit {result['git']['commit']}"
+        f"{' (loraplex/ had uncommitted changes)' if result['git']['loraplex_dirty'] else ''}"
+        f". **Load average** at start {p0['load_avg_1m']:.2f} (5 min "
         f"{p0['load_avg_5m']:.2f}), at end {p1['load_avg_1m']:.2f} ({p1['load_avg_5m']:.2f}); "
         f"GEMM probe (fp32 4096×512→512 fwd+bwd) {p0['gemm_fwd_bwd_gflops']:.1f} → "
         f"{p1['gemm_fwd_bwd_gflops']:.1f} GFLOP/s, copy {p0['copy_gbps']:.1f} → "
@@ -130,8 +180,8 @@ def markdown(result: dict[str, Any], png_name: str) -> str:
         f"`per_op_overhead_ms` (scheduler alone, no-op engine, 16 tenants): "
         f"**{result['per_op_overhead_ms']:.3f} ms** (goal < 5).", ""]
     for mode, rows in result["modes"].items():
-        lines += [f"## {mode.upper()}", "", *mode_table(rows), "", "Every run:", "",
-                  *runs_table(rows), ""]
+        lines += [f"## {mode.upper()}", "", *mode_table(rows), "", *noise_floor(rows), "",
+                  *time_split(mode, rows), "", "Every run:", "", *runs_table(rows), ""]
     lines += [*peer_section(result["peer"]), "", "## Definitions", "", *DEFINITIONS, "",
               f"![throughput and efficiency vs K]({png_name})", ""]
     return "\n".join(lines)

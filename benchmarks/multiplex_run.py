@@ -227,6 +227,7 @@ def server_delta(before: Snapshot, after: Snapshot, t_go: float, t_end: float
     records = section["recent_cycles"]
     cycles = [c for c in records
               if c["kind"] == "cycle" and c["num_tokens"] and t_go <= c["wall_time"] <= t_end]
+    samples = [c for c in records if c["kind"] == "sample" and t_go <= c["wall_time"] <= t_end]
     # Engine-busy seconds inside the window: each plan's engine call clipped to it (a plan
     # starts its engine call right after it is made, at ``wall_time``).
     busy = sum(max(0.0, min(t_end, c["wall_time"] + c["engine_s"]) - max(t_go, c["wall_time"]))
@@ -246,6 +247,12 @@ def server_delta(before: Snapshot, after: Snapshot, t_go: float, t_end: float
             "mean_tenants": statistics.fmean(len(c["tenants"]) for c in cycles) if cycles else 0,
             "mean_tokens": statistics.fmean(c["num_tokens"] for c in cycles) if cycles else 0,
             "mean_engine_s": statistics.fmean(c["engine_s"] for c in cycles) if cycles else 0},
+        "sample_plans": {
+            "count": len(samples),
+            "mean_engine_s": statistics.fmean(c["engine_s"] for c in samples) if samples else 0,
+            # requests still decoding after each plan: the decode batch, in requests
+            "mean_running": statistics.fmean(c["num_running"] for c in samples) if samples
+            else 0},
         "client_cpu_share": clients, "server_cpu_share": server,
         "server_cpu_s": after.server_cpu_s - before.server_cpu_s,
         "machine_busy_share": machine,
