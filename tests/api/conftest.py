@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,7 @@ from loraplex.api.context import ServerContext
 from loraplex.config import DEFAULT_MODEL_NAME
 from tests.api.live_server import live_server
 from tests.fakes import ToyExecutor
-from tests.integration.serve_fake import fake_context
+from tests.integration.serve_fake import fake_context, seed_builtin_tiny
 
 MODEL = DEFAULT_MODEL_NAME
 EXECUTOR = os.environ.get("LORAPLEX_TEST_EXECUTOR", "engine")
@@ -46,8 +47,10 @@ class Server:
         return executor
 
 
-def _serve(tmp_path_factory: pytest.TempPathFactory, executor: str) -> Iterator[Server]:
+def _serve(tmp_path_factory: pytest.TempPathFactory, executor: str, tiny_model_dir: Path
+           ) -> Iterator[Server]:
     data_dir = tmp_path_factory.mktemp("loraplex-data")
+    seed_builtin_tiny(data_dir, tiny_model_dir)
     ctx = fake_context(str(data_dir), client_config={"fwdbwd_max_chunk_len": 2},
                        executor=executor)
     with live_server(ctx) as url:
@@ -56,13 +59,15 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, executor: str) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def suite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _serve(tmp_path_factory, EXECUTOR)
+def suite_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+                 ) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, EXECUTOR, tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
-def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _serve(tmp_path_factory, "toy")
+def toy_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+               ) -> Iterator[Server]:
+    yield from _serve(tmp_path_factory, "toy", tiny_model_dir)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.api.live_server import free_port
+from tests.integration.serve_fake import seed_builtin_tiny
 from tests.integration.venvs import SDK027_STEPS, ensure_venv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +64,8 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server_process(tmp_path: Path) -> Iterator[ServerProcess]:
+def server_process(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    seed_builtin_tiny(tmp_path / "data", tiny_model_dir)
     threads = ("--threads", SERVER_THREADS) if SERVER_THREADS else ()
     server = ServerProcess(tmp_path / "data", "--open", "--executor", EXECUTOR, *threads).start()
     yield server

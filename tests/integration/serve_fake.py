@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from loraplex.api.context import ServerContext
+from loraplex.cli.model_sources import builtin_dir
 from loraplex.cli.serve_cmd import build_context, serve
 from loraplex.config import (
     DEFAULT_MODEL_NAME,
@@ -33,6 +35,16 @@ from loraplex.config import (
     ServerConfig,
 )
 from tests.fakes import NoopExecutor, ToyExecutor
+
+
+def seed_builtin_tiny(data_dir: str | os.PathLike[str], tiny_model_dir: str | os.PathLike[str]
+                      ) -> None:
+    """Put a copy of the session's built-in tiny model (`tests/conftest.py`'s ``tiny_model_dir``,
+    the same seed) where ``builtin:tiny`` resolves under ``data_dir``, so a test server skips
+    the ~3 s of creating it (training its tokenizer) again."""
+    target = builtin_dir(str(data_dir), "tiny")
+    if not os.path.exists(target):
+        shutil.copytree(tiny_model_dir, target)
 
 
 def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,

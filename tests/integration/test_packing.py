@@ -23,6 +23,7 @@ from tinker import types
 from loraplex.config import DEFAULT_MODEL_NAME as MODEL
 from tests.api.test_training import ADAM, datum
 from tests.integration.conftest import EXECUTOR, ServerProcess
+from tests.integration.serve_fake import seed_builtin_tiny
 
 NUM_TENANTS = 4
 NUM_STEPS = 4
@@ -30,7 +31,8 @@ DATA = [datum([2 + i, 7, 11 + i, 5, 9, 3]) for i in range(6)]  # 3 chunks of 2 d
 
 
 @pytest.fixture
-def packing_server(tmp_path: Path) -> Iterator[ServerProcess]:
+def packing_server(tmp_path: Path, tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    seed_builtin_tiny(tmp_path / "data", tiny_model_dir)
     engine = ["--executor", "engine"] if EXECUTOR == "engine" else [
         "--executor", "noop", "--engine-ms", "20"]
     server = ServerProcess(tmp_path / "data", "--open", *engine, "--client-config",
