@@ -65,7 +65,10 @@ class LoraBatch:
                   ) -> torch.Tensor:
         """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
         n, gather, real = self.rows.num_rows, self.rows.gather_P, self.rows.real_P
-        x_P_I = x_R_I[:n] if gather is None else x_R_I.index_select(0, gather)
+        if gather is not None:
+            x_P_I = x_R_I.index_select(0, gather)
+        else:  # a no-op slice would still cost a full-size SliceBackward
+            x_P_I = x_R_I if n == x_R_I.shape[0] else x_R_I[:n]
         delta_P_O = self.delta(target, layer, x_P_I)
         if delta_P_O is None:
             return y_R_O
@@ -84,12 +87,17 @@ def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.
     ``F.grouped_mm`` runs on CPU in fp32 (with autograd) and on CUDA in bf16, and needs row
     strides that are multiples of 16 bytes (`stack_adapters` pads ranks accordingly). Other
     cases (CUDA fp32, odd model dims) fall back to a loop over segments: a slow path that the
-    real models on CPU never take.
+    real models on CPU never take. One segment on CPU is a plain ``F.linear``: there
+    ``grouped_mm`` runs each segment as that very GEMM (the same bits), with more overhead.
     """
+    if w_S_O_I.shape[0] == 1 and x_N_I.device.type == "cpu":
+        return F.linear(x_N_I, w_S_O_I[0])
     aligned = all(d * x_N_I.element_size() % 16 == 0 for d in w_S_O_I.shape[1:])
     supported = x_N_I.device.type == "cpu" or x_N_I.dtype == torch.bfloat16
     if aligned and supported:
         out = F.grouped_mm(x_N_I, w_S_O_I.transpose(1, 2), offs=offsets_S)
+        if not out.requires_grad:
+            return out
         result: torch.Tensor = _ContiguousGrad.apply(out)
         return result
     ends = offsets_S.tolist()
