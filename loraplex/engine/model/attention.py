@@ -1,9 +1,9 @@
 """Causal attention over a paged KV layout: the batch-invariant tiled kernel and a fast one.
 
-`tiled_paged_attention` (batch-invariant mode) runs the `TilePlan`'s tiles against fixed
-``block_size``-key pages, KV step by KV step, with an online softmax whose state (running max,
-sum, accumulator) lives per query row and moves with the row between tiles. Every matmul has a
-fixed per-matrix shape (``[rows, head_dim] × [head_dim, block]`` and ``[rows, block] × [block,
+`tiled_paged_attention` runs the `TilePlan`'s tiles against fixed ``block_size``-key pages,
+KV step by KV step, with an online softmax whose state (running max, sum, accumulator) stays in
+a phase's tile layout across its steps and moves with its row when tiles regroup. Every matmul
+has a fixed per-matrix shape (``[rows, head_dim] × [head_dim, block]`` and ``[rows, block] × [block,
 head_dim]``, rows a multiple of 4), every other op is row-local (the reductions run over one
 block), and each row sees its blocks in the order 0, 1, 2, ...: a query's result depends only
 on its own position's keys, never on the batch around it, on which rows share its tile, or on
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.engine.model.packed_batch import PackedBatch
-from loraplex.engine.model.tile_plan import TileGroup, TilePlan
+from loraplex.engine.model.tile_plan import TilePhase, TilePlan, TileStep
 
 
 def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -45,55 +45,81 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
     return out_A_D[:-1].view(rows, heads * head_dim)
 
 
-def _read(pages: torch.Tensor, group: TileGroup) -> torch.Tensor:
-    """``[N, kv_heads, block, head_dim]``: the group's pages (a view when consecutive)."""
-    if group.page_range is not None:
-        return pages[group.page_range[0]:group.page_range[1]]
-    return pages.index_select(0, group.pages_N)
+def _read(pages: torch.Tensor, step: TileStep) -> torch.Tensor:
+    """``[N, kv_heads, block, head_dim]``: the step's pages (a view when consecutive)."""
+    if step.page_range is not None:
+        return pages[step.page_range[0]:step.page_range[1]]
+    return pages.index_select(0, step.pages_N)
 
 
-def _scores(q_t: torch.Tensor, k_t: torch.Tensor, group: TileGroup) -> torch.Tensor:
+def _scores(q_t: torch.Tensor, k_t: torch.Tensor, step: TileStep) -> torch.Tensor:
     """Scores ``[N, kv_heads, rows, block]`` with -inf where a key is not visible."""
     s = torch.matmul(q_t, k_t.transpose(-1, -2))
-    mask = group.mask_M_1_R_B
+    mask = step.mask_M_1_R_B
     if mask is not None:
-        s[:mask.shape[0]].masked_fill_(mask, float("-inf"))
+        s[s.shape[0] - mask.shape[0]:].masked_fill_(mask, float("-inf"))
     return s
+
+
+class _SoftmaxState:
+    """Every query row's running max ``m``, sum ``l`` and accumulator, in row layout. A phase
+    takes its rows' state in tile layout and puts it back as its tiles finish. Rows start at
+    m = 0, l = 1, acc = 0, so a row no tile reads comes out as zeros."""
+
+    def __init__(self, q_A_D: torch.Tensor) -> None:
+        num_q, head_dim = q_A_D.shape
+        self.m_A = q_A_D.new_zeros(num_q)
+        self.l_A = q_A_D.new_ones(num_q)
+        self.acc_A_D = q_A_D.new_zeros(num_q, head_dim)
+
+    def take(self, phase: TilePhase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        idx, shape = phase.index_P, phase.shape
+        return (self.m_A.index_select(0, idx).view(shape),
+                self.l_A.index_select(0, idx).view(shape),
+                self.acc_A_D.index_select(0, idx).view(*shape, -1))
+
+    def put(self, phase: TilePhase, first_tile: int, m: torch.Tensor, l_sum: torch.Tensor,
+            acc: torch.Tensor) -> None:
+        """Store the state of tiles ``first_tile ..`` of the phase (``m`` etc. hold those)."""
+        rows = phase.shape[1] * phase.shape[2]
+        idx = phase.index_P[first_tile * rows:(first_tile + m.shape[0]) * rows]
+        self.m_A.index_copy_(0, idx, m.reshape(-1))
+        self.l_A.index_copy_(0, idx, l_sum.reshape(-1))
+        self.acc_A_D.index_copy_(0, idx, acc.reshape(-1, acc.shape[-1]))
 
 
 def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                    plan: TilePlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Online softmax over KV steps (the algorithm): ``out [A, D]`` and the log-sum-exp of
-    every query row (for the backward). Rows start with m = 0, l = 1, acc = 0, so a row no
-    tile reads comes out as zeros; step 0 (every row's first block) overwrites that state."""
-    num_q, head_dim = q_A_D.shape
-    m_A = q_A_D.new_zeros(num_q)
-    l_A = q_A_D.new_ones(num_q)
-    acc_A_D = q_A_D.new_zeros(num_q, head_dim)
-    for b, groups in enumerate(plan.steps):
-        for group in groups:
-            idx, shape = group.index_P, group.shape
-            q_t = q_A_D.index_select(0, idx).view(*shape, head_dim)
-            s = _scores(q_t, _read(k_pages, group), group)
-            v_t = _read(v_pages, group)
+    every query row (for the backward)."""
+    state = _SoftmaxState(q_A_D)
+    head_dim = q_A_D.shape[1]
+    for phase in plan.phases:
+        q_t = q_A_D.index_select(0, phase.index_P).view(*phase.shape, head_dim)
+        if phase.first_step > 0:
+            m, l_sum, acc = state.take(phase)
+        for j, step in enumerate(phase.steps):
+            n = step.num_tiles
+            if j > 0 and n < m.shape[0]:  # tiles [n:] are done: their rows' state goes back
+                state.put(phase, n, m[n:], l_sum[n:], acc[n:])
+                m, l_sum, acc = m[:n], l_sum[:n], acc[:n]
+            s = _scores(q_t[:n], _read(k_pages, step), step)
+            v_t = _read(v_pages, step)
             block_max = s.amax(-1)
-            if b == 0:  # key 0 is visible to every row, so the first max is finite
+            if phase.first_step + j == 0:  # key 0 is visible to every row: a finite max
                 m = block_max
                 p = torch.exp(s - m[..., None])
                 l_sum = p.sum(-1)
                 acc = torch.matmul(p, v_t)
             else:  # a block a row cannot see would be an exact no-op: alpha = 1, p = 0
-                m_old = m_A.index_select(0, idx).view(shape)
-                m = torch.maximum(m_old, block_max)
-                alpha = torch.exp(m_old - m)
-                p = torch.exp(s - m[..., None])
-                l_sum = l_A.index_select(0, idx).view(shape) * alpha + p.sum(-1)
-                acc = (acc_A_D.index_select(0, idx).view(*shape, head_dim) * alpha[..., None]
-                       + torch.matmul(p, v_t))
-            m_A.index_copy_(0, idx, m.reshape(-1))
-            l_A.index_copy_(0, idx, l_sum.reshape(-1))
-            acc_A_D.index_copy_(0, idx, acc.reshape(-1, head_dim))
-    return acc_A_D / l_A[:, None], m_A + torch.log(l_A)
+                m_new = torch.maximum(m, block_max)
+                alpha = torch.exp(m - m_new)
+                p = torch.exp(s - m_new[..., None])
+                l_sum = l_sum * alpha + p.sum(-1)
+                acc = acc * alpha[..., None] + torch.matmul(p, v_t)
+                m = m_new
+        state.put(phase, 0, m, l_sum, acc)
+    return state.acc_A_D / state.l_A[:, None], state.m_A + torch.log(state.l_A)
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -118,19 +144,22 @@ class _TiledAttention(torch.autograd.Function):
         delta_A = (d_out * out).sum(-1)  # rowsum(dO ∘ O) = Σ_j P_ij dP_ij
         d_q = torch.zeros_like(q_A_D)
         d_k, d_v = torch.zeros_like(k_pages), torch.zeros_like(v_pages)
-        for groups in plan.steps:
-            for group in groups:
-                idx, shape = group.index_P, group.shape
-                q_t = q_A_D.index_select(0, idx).view(*shape, head_dim)
-                k_t, v_t = _read(k_pages, group), _read(v_pages, group)
-                p = torch.exp(_scores(q_t, k_t, group)
-                              - lse.index_select(0, idx).view(*shape, 1))
-                d_o = d_out.index_select(0, idx).view(*shape, head_dim)
-                d_v.index_add_(0, group.pages_N, torch.matmul(p.transpose(-1, -2), d_o))
-                d_s = p * (torch.matmul(d_o, v_t.transpose(-1, -2))
-                           - delta_A.index_select(0, idx).view(*shape, 1))
-                d_q.index_add_(0, idx, torch.matmul(d_s, k_t).view(-1, head_dim))
-                d_k.index_add_(0, group.pages_N, torch.matmul(d_s.transpose(-1, -2), q_t))
+        for phase in plan.phases:
+            idx, shape = phase.index_P, phase.shape
+            q_t = q_A_D.index_select(0, idx).view(*shape, head_dim)
+            d_o = d_out.index_select(0, idx).view(*shape, head_dim)
+            lse_t = lse.index_select(0, idx).view(*shape, 1)
+            delta_t = delta_A.index_select(0, idx).view(*shape, 1)
+            d_q_t = torch.zeros_like(q_t)
+            for step in phase.steps:
+                n = step.num_tiles
+                k_t, v_t = _read(k_pages, step), _read(v_pages, step)
+                p = torch.exp(_scores(q_t[:n], k_t, step) - lse_t[:n])
+                d_v.index_add_(0, step.pages_N, torch.matmul(p.transpose(-1, -2), d_o[:n]))
+                d_s = p * (torch.matmul(d_o[:n], v_t.transpose(-1, -2)) - delta_t[:n])
+                d_q_t[:n] += torch.matmul(d_s, k_t)
+                d_k.index_add_(0, step.pages_N, torch.matmul(d_s.transpose(-1, -2), q_t[:n]))
+            d_q.index_add_(0, idx, d_q_t.view(-1, head_dim))
         return d_q, d_k, d_v, None
 
 

@@ -52,24 +52,29 @@ def test_fast_mode_rows_are_unpadded() -> None:
     assert batch.lora_rows is not None and batch.lora_rows.segment_ends == (7,)
 
 
-def test_tiles_group_tokens_by_page_and_mask_only_last_blocks() -> None:
+def test_tiles_follow_sequences_block_by_block_and_mask_only_last_blocks() -> None:
     seqs = [SequenceInput([5] * 3, None, 37, [7]), SequenceInput([6] * 100, None, 0, [1, 2])]
     batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=2, num_kv_heads=1)
     zero_row = batch.num_rows * 2  # rows are (token row, head) pairs
     assert batch.tiles.num_query_rows == zero_row
-    step0, step1 = batch.tiles.steps
-    small, large = step0  # by size: seq 0's 3 tokens pad to 4; seq 1's 64-token tiles
-    assert small.shape == (1, 1, 8) and large.shape == (2, 1, 128)
+    small, large = batch.tiles.phases  # seq 0's 3 tokens pad to 4; seq 1's 64-token tiles
+    assert small.shape == (1, 1, 8) and small.first_step == 0
     assert small.index_P.tolist() == [0, 1, 2, 3, 4, 5, zero_row, zero_row]
-    assert small.pages_N.tolist() == [7] and small.page_range == (7, 8)
-    assert small.mask_M_1_R_B is not None
-    visible = (~small.mask_M_1_R_B[0, 0]).sum(-1).tolist()
+    [only] = small.steps
+    assert only.pages_N.tolist() == [7] and only.page_range == (7, 8)
+    assert only.mask_M_1_R_B is not None
+    visible = (~only.mask_M_1_R_B[0, 0]).sum(-1).tolist()
     assert visible == [38, 38, 39, 39, 40, 40, 64, 64]  # limits 38..40; pad rows unmasked
-    assert large.pages_N.tolist() == [1, 1] and large.page_range is None
-    assert large.mask_M_1_R_B is not None and large.mask_M_1_R_B.shape[0] == 1  # diagonal only
-    assert large.index_P[:2].tolist() == [6, 7]  # seq 1 starts at row 3
-    [last] = step1  # positions 64..99 of seq 1 read block 1 (page 2) as their last block
-    assert last.shape == (1, 1, 128) and last.pages_N.tolist() == [2]
+    # Seq 1 (rows 3..102): positions 64..99 run two steps, so their tile comes first; at
+    # step 0 only positions 0..63 (the last active tile) see a partial block.
+    assert large.shape == (2, 1, 128)
+    assert large.index_P[:2].tolist() == [(3 + 64) * 2, (3 + 64) * 2 + 1]
+    step0, step1 = large.steps
+    assert step0.num_tiles == 2 and step0.pages_N.tolist() == [1, 1]
+    assert step0.page_range is None
+    assert step0.mask_M_1_R_B is not None and step0.mask_M_1_R_B.shape[0] == 1
+    assert step1.num_tiles == 1 and step1.pages_N.tolist() == [2]
+    assert step1.mask_M_1_R_B is not None and step1.mask_M_1_R_B.shape[0] == 1
     assert batch.write_block_W[:3].tolist() == [7, 7, 7]
     assert batch.write_offset_W[:3].tolist() == [37, 38, 39]
 
@@ -79,11 +84,14 @@ def test_sequences_sharing_a_page_share_a_tile() -> None:
     masked tile each on their private pages (consecutive: read as a view)."""
     seqs = [SequenceInput([1], None, 70, [3, 4]), SequenceInput([2], None, 70, [3, 5])]
     batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=2, num_kv_heads=1)
-    [shared], [private] = batch.tiles.steps
-    assert shared.shape == (1, 1, 4) and shared.pages_N.tolist() == [3]
-    assert shared.mask_M_1_R_B is None and shared.index_P.tolist() == [0, 1, 2, 3]
-    assert private.shape == (2, 1, 4) and private.page_range == (4, 6)
-    assert private.mask_M_1_R_B is not None and private.mask_M_1_R_B.shape[0] == 2
+    shared, private = batch.tiles.phases
+    assert shared.shape == (1, 1, 4) and shared.index_P.tolist() == [0, 1, 2, 3]
+    [step] = shared.steps
+    assert step.pages_N.tolist() == [3] and step.mask_M_1_R_B is None
+    assert private.shape == (2, 1, 4) and private.first_step == 1
+    [step] = private.steps
+    assert step.page_range == (4, 6)
+    assert step.mask_M_1_R_B is not None and step.mask_M_1_R_B.shape[0] == 2
 
 
 @pytest.mark.parametrize(("seqs", "field"), [

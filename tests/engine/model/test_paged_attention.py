@@ -88,3 +88,33 @@ def test_dense_attention_reads_only_the_pages_a_sequence_uses() -> None:
     tiled = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
     assert torch.isfinite(dense).all()
     assert (dense - tiled).abs().max().item() <= 2e-5
+
+
+def test_tiles_shared_across_sequences_match_per_sequence_attention() -> None:
+    """A prefill whose pages other sequences of the same forward also read (a suffix after
+    a cached page, and one-token decodes over two of its full pages), so tokens of different
+    sequences share tiles for some steps and then split: each token attends exactly its own
+    sequence's keys."""
+    seqs = [SequenceInput([0] * 200, None, 0, [0, 1, 2, 3]),
+            SequenceInput([0] * 37, None, 64, [0, 5]),
+            *(SequenceInput([0], None, 130, [0, 1, 6 + i]) for i in range(3))]
+    batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=HEADS,
+                           num_kv_heads=KV_HEADS)
+    gen = torch.Generator().manual_seed(4)
+    k_pages = torch.randn(9, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    v_pages = torch.randn(9, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, generator=gen) * 0.5
+    out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
+    assert any(p.first_step > 0 for p in batch.tiles.phases)  # the plan did regroup rows
+    for s, start in zip(seqs, batch.seq_row_start, strict=True):
+        assert s.block_table is not None
+        keys = s.num_cached + len(s.tokens)
+        k, v = (pages[list(s.block_table)].transpose(1, 2).reshape(-1, KV_HEADS, HEAD_DIM)[:keys]
+                .transpose(0, 1) for pages in (k_pages, v_pages))
+        rows = q[start:start + len(s.tokens)].transpose(0, 1)
+        positions = torch.arange(s.num_cached, keys)
+        mask = torch.arange(keys)[None, :] <= positions[:, None]
+        want = F.scaled_dot_product_attention(rows, k, v, attn_mask=mask, scale=1.0,
+                                              enable_gqa=True)
+        got = out[start:start + len(s.tokens)]
+        assert (got - want.transpose(0, 1).reshape(len(s.tokens), -1)).abs().max() <= 2e-5
