@@ -65,6 +65,8 @@ class Settings:
         grpo_prompts, group_size, prompt_len, max_tokens: GRPO prompts per tenant step,
             samples per prompt, prompt tokens, new tokens per sample.
         rank: LoRA rank.
+        vocab_limit: token ids are drawn from [1, vocab_limit) (the served model's vocabulary
+            must be larger).
         warmup_steps: untimed steps per tenant per run.
         timed_steps, min_window_tokens: timed steps per tenant: at least ``timed_steps``, and
             enough that the run's window holds ``min_window_tokens`` trained tokens (small K
@@ -89,6 +91,7 @@ class Settings:
     prompt_len: int = 48
     max_tokens: int = 16
     rank: int = 16
+    vocab_limit: int = 2048
     warmup_steps: int = 1
     timed_steps: int = 2
     min_window_tokens: int = 3072
@@ -98,7 +101,6 @@ class Settings:
     peer_args: tuple[str, ...] = ("--steps", "2", "--warmup-steps", "1", "--rounds", "2",
                                   "--num-prompts", "4", "--fanout-samples", "4",
                                   "--max-tokens", "32")
-
 
     def tokens_per_tenant_step(self, mode: str) -> int:
         if mode == "sft":
@@ -111,7 +113,7 @@ class Settings:
         job = {"batch": self.sft_batch if mode == "sft" else self.grpo_prompts,
                "seq_len": self.seq_len, "prompt_len": self.prompt_len,
                "group_size": self.group_size, "max_tokens": self.max_tokens, "rank": self.rank,
-               "warmup_steps": self.warmup_steps}
+               "vocab_limit": self.vocab_limit, "warmup_steps": self.warmup_steps}
         return RunSpec(mode, k, variant, timed, job)
 
 

@@ -54,9 +54,10 @@ class RunSpec:
     def num_tenants(self) -> int:
         return 1 if self.variant == "single" else self.k
 
-    def tenant_job(self, server: Server, worker: int, label: str) -> dict[str, Any]:
+    def tenant_job(self, base_url: str, base_model: str, worker: int, label: str
+                   ) -> dict[str, Any]:
         multiplier = self.k if self.variant == "single" else 1
-        return {**self.job, "base_url": server.url, "base_model": MODEL_NAME,
+        return {**self.job, "base_url": base_url, "base_model": base_model,
                 "api_key": f"tml-{label}-t{worker}", "mode": self.mode,
                 "batch": self.job["batch"] * multiplier, "timed_steps": self.timed_steps,
                 "seed": worker}
@@ -68,6 +69,7 @@ class Server:
     def __init__(self, process: ServerProcess) -> None:
         self.process = process
         self.url = process.base_url
+        self.base_model = process.base_model
 
     @property
     def pid(self) -> int:
@@ -126,7 +128,7 @@ def run_loop(pool: TenantPool, server: Server, spec: RunSpec, bar: tqdm) -> dict
     label = f"{spec.mode}-k{spec.k}-{spec.variant}-{int(time.time())}"
     workers = range(num_tenants)
     for i in workers:
-        pool.send(i, {"job": spec.tenant_job(server, i, label)})
+        pool.send(i, {"job": spec.tenant_job(server.url, server.base_model, i, label)})
     pool.wait_all(workers, "ready", timeout_s=3600)
     load_start = os.getloadavg()
     before = snapshot(server, pool, workers)

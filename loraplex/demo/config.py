@@ -35,7 +35,7 @@ class DemoConfig:
     sft_steps: int = 200
     sft_batch: int = 16
     sft_learning_rate: float = 5e-3
-    rl_steps: int = 40
+    rl_steps: int = 50
     prompts_per_step: int = 8
     group_size: int = 8
     rl_learning_rate: float = 5e-4
