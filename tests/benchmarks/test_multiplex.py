@@ -27,6 +27,7 @@ def test_small_k_gets_more_timed_steps_and_single_sends_k_times_the_batch() -> N
     settings = Settings(sft_batch=2, seq_len=128, timed_steps=2, min_window_tokens=3072)
     one, sixteen = settings.run_spec("sft", 1, "packed"), settings.run_spec("sft", 16, "packed")
     assert (one.timed_steps, sixteen.timed_steps) == (12, 2)  # 12 × 256 ≥ 3072; at least 2
+    assert settings.run_spec("grpo", 16, "packed").timed_steps == 6  # GRPO's own floor
     single = settings.run_spec("sft", 16, "single")
     assert single.num_tenants == 1 and single.timed_steps == sixteen.timed_steps
     assert single.tenant_job("http://h:1", "m", 0, "x")["batch"] == 32
