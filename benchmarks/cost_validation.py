@@ -15,6 +15,7 @@ Writes ``cost_validation.json`` and ``cost_validation.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -36,6 +37,7 @@ import httpx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks.cost_validation_predict import (  # noqa: E402
+    CALIBRATION,
     Measured,
     Settings,
     Snapshot,
@@ -142,10 +144,10 @@ def decode_matmul_seconds(card: ModelCard, rows: int, repeats: int = 5) -> float
     return median_seconds(one_iteration, repeats=repeats, warmup=1)
 
 
-def grpo_sample(scl: Any, types: Any, prompts: list[list[int]], s: Settings, seed: int
-                ) -> list[Any]:
+def grpo_sample(scl: Any, types: Any, prompts: list[list[int]], s: Settings, seed: int,
+                group_size: int | None = None) -> list[Any]:
     """Every prompt's G samples in flight at once, as a GRPO rollout step submits them."""
-    futures = [scl.sample(types.ModelInput.from_ints(p), s.group_size,
+    futures = [scl.sample(types.ModelInput.from_ints(p), group_size or s.group_size,
                           types.SamplingParams(max_tokens=s.max_tokens, temperature=1.0,
                                                seed=seed + i))
                for i, p in enumerate(prompts)]
@@ -169,22 +171,22 @@ def run_workloads(base_url: str, s: Settings, card: ModelCard) -> list[StepRecor
     rng, vocab = random.Random(s.seed + 1), card.vocab_size
     sft = sft_data(types, s.sft_lengths, vocab, s.seed)
 
-    def prompts() -> list[list[int]]:
-        return [[rng.randrange(1, vocab) for _ in range(s.prompt_len)]
-                for _ in range(s.rl_prompts)]
+    def prompts(n: int = s.rl_prompts) -> list[list[int]]:
+        return [[rng.randrange(1, vocab) for _ in range(s.prompt_len)] for _ in range(n)]
 
     records: list[StepRecord] = []
     last: list[MachineProbe] = []  # empty during the warm-up: steps run untimed
 
     def run_step(phase: str, fn: Callable[[], Any], lengths: tuple[int, ...] = (),
-                 decode_rows: int = 0) -> Any:
+                 decode_rows: int = 0, shape: tuple[int, int] = (0, 0)) -> Any:
         if not last:
             return fn()
         m = Measured()
-        result = measure(base_url, m, "sample" if phase == "rl_sample" else "cycle", fn)
+        kind = "sample" if phase in ("rl_sample", CALIBRATION) else "cycle"
+        result = measure(base_url, m, kind, fn)
         decode_s = decode_matmul_seconds(card, decode_rows) if decode_rows else 0.0
         after = probe_machine()
-        records.append(StepRecord(phase, m, (last[-1], after), lengths, decode_s))
+        records.append(StepRecord(phase, m, (last[-1], after), lengths, decode_s, *shape))
         last.append(after)
         return result
 
@@ -206,6 +208,11 @@ def run_workloads(base_url: str, s: Settings, card: ModelCard) -> list[StepRecor
     sft_step()
     grpo_step(seed=10**6)
     last.append(probe_machine())
+    scl = rl_tc.save_weights_and_get_sampling_client().result()
+    for j, (n, g) in enumerate(s.calibration_shapes):  # the decode-overhead fit's steps
+        batch = prompts(n)
+        run_step(CALIBRATION, functools.partial(grpo_sample, scl, types, batch, s, 10**5 + j, g),
+                 shape=(n, g))
     for i in tqdm(range(s.rounds), desc="rounds (SFT step + GRPO step)", file=sys.stderr):
         sft_step()
         grpo_step(seed=1000 * i)

@@ -33,6 +33,9 @@ KV_BYTES_PER_VALUE = 4.0
 WEIGHT_BYTES_PER_PARAM = 4.0
 """The CPU engine computes and stores weights in fp32."""
 PHASES = ("sft_train", "rl_sample", "rl_train")
+CALIBRATION = "rl_sample_calibration"
+"""Sampling steps of other shapes, run before the rounds, that the per-iteration decode overhead
+is fitted on (never part of a phase's ratio)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class Settings:
         sft_lengths: input lengths of the fixed SFT batch (one forward_backward per step).
         rl_prompts, group_size: GRPO groups per step and completions per prompt.
         prompt_len, max_tokens: GRPO prompt length and completion budget.
+        calibration_shapes: ``(prompts, G)`` of the sampling steps the per-iteration decode
+            overhead is fitted on; other decode batches than the GRPO step's, so predicting
+            that step from them is an extrapolation, not a fit.
     """
 
     threads: int
@@ -58,11 +64,12 @@ class Settings:
     max_tokens: int = 64
     learning_rate: float = 1e-4
     seed: int = 0
+    calibration_shapes: tuple[tuple[int, int], ...] = ((1, 4), (2, 8))
 
     @classmethod
     def quick(cls, threads: int) -> Settings:
         return cls(threads, rounds=1, sft_lengths=(128,) * 4, rl_prompts=2, group_size=4,
-                   prompt_len=32, max_tokens=16)
+                   prompt_len=32, max_tokens=16, calibration_shapes=((1, 2), (1, 4)))
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,8 @@ class StepRecord:
         datum_lengths: input lengths of a training step's datums.
         decode_matmul_s: a sampling step's base-model matmuls of one decode iteration alone,
             at its batch (`decode_matmul_seconds`), probed right after it.
+        prompts, group_size: a sampling step's shape when it is not the settings' GRPO step
+            (calibration steps); 0: the settings'.
     """
 
     phase: str
@@ -111,6 +120,8 @@ class StepRecord:
     probes: tuple[MachineProbe, MachineProbe]
     datum_lengths: tuple[int, ...] = ()
     decode_matmul_s: float = 0.0
+    prompts: int = 0
+    group_size: int = 0
 
 
 def model_card(config_path: Path, name: str) -> ModelCard:
@@ -157,10 +168,11 @@ def sample_step(card: ModelCard, s: Settings, rec: StepRecord) -> dict[str, floa
     sequence's KV once per iteration (`decode_seconds`, the calculator's model) and its FLOPs
     at the GEMM rate (a roofline: at batch G·P on this CPU the FLOPs are the larger)."""
     hw, m = hardware_card(rec.probes, training=False), rec.measured
-    rollouts = s.rl_prompts * s.group_size
+    prompts, group_size = rec.prompts or s.rl_prompts, rec.group_size or s.group_size
+    rollouts = prompts * group_size
     # The G samples of a request share one prefill; the engine reports what it computed.
     computed = m.tokens.get("prompt_tokens", 0) - m.tokens.get("cache_hit_tokens", 0)
-    prefill_flops = s.rl_prompts * forward_flops(card, computed / s.rl_prompts)
+    prefill_flops = prompts * forward_flops(card, computed / prompts)
     new = m.tokens.get("sampled_tokens", 0) / rollouts
     layout = plan_layout(card, hw, weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM, num_gpus=1,
                          tensor_parallel=1)
@@ -175,7 +187,7 @@ def sample_step(card: ModelCard, s: Settings, rec: StepRecord) -> dict[str, floa
             "measured_s": m.engine_s, "predicted_flops": prefill_flops + decode_flops,
             "prefill_flops": prefill_flops, "prefill_s": prefill_s,
             "decode_flops": decode_flops, "decode_weights_s": dec.weights_s, "decode_kv_s": kv_s,
-            "decode_compute_s": compute_s, "iterations": new,
+            "decode_compute_s": compute_s, "iterations": new, "rows": rollouts,
             "bandwidth_only_s": prefill_s + dec.weights_s + kv_s,
             "decode_matmul_probe_s": new * rec.decode_matmul_s,
             **{k: m.tokens.get(k, 0) for k in ("prompt_tokens", "cache_hit_tokens",
@@ -203,12 +215,36 @@ def phase_row(steps: list[dict[str, float]], goal: float) -> dict[str, Any]:
     return out
 
 
+def fit_decode_overhead(steps: list[dict[str, float]]) -> dict[str, Any]:
+    """Per decode iteration, what a sampling step took beyond its roofline prediction, as
+    ``c0 + c1 · rows`` (least squares over the steps; one step or one batch size: ``c1 = 0``).
+    Dispatch, sampling and per-layer work cost about the same per iteration whatever the batch
+    (``c0``); LoRA gathers, attention tiles and the vocabulary pass grow with the rows (``c1``).
+    """
+    points = [(st["rows"], (st["measured_s"] - st["predicted_s"]) / st["iterations"])
+              for st in steps if st["iterations"] > 0]
+    if not points:
+        return {"c0_s": 0.0, "c1_s_per_row": 0.0, "points": []}
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - x_mean) ** 2 for x in xs)
+    c1 = sum((x - x_mean) * (y - y_mean) for x, y in points) / var if var else 0.0
+    return {"c0_s": y_mean - c1 * x_mean, "c1_s_per_row": c1,
+            "points": [{"rows": x, "overhead_s_per_iteration": y} for x, y in points]}
+
+
 def calibrated(sft: dict[str, Any], rl_train: dict[str, Any], samples: list[dict[str, float]],
-               measured_sample_s: float) -> dict[str, Any]:
+               measured_sample_s: float, calibration: list[dict[str, float]] | None = None
+               ) -> dict[str, Any]:
     """Labelled calibrated, never the headline: SFT's forward_backward efficiency (achieved ÷
-    probed GEMM rate) applied to GRPO's FLOP terms; and sampling with each decode iteration
-    priced at its base matmuls' time measured alone at that batch."""
+    probed GEMM rate) applied to GRPO's FLOP terms; sampling with each decode iteration priced
+    at its base matmuls' time measured alone at that batch; and sampling as the roofline plus
+    a per-iteration overhead fitted on the calibration steps (other decode batches)."""
     eff = sft["efficiency_vs_probe"]
+    fit = fit_decode_overhead(calibration or [])
+    fitted_s = sum(st["predicted_s"] + st["iterations"] * (fit["c0_s"]
+                                                           + fit["c1_s_per_row"] * st["rows"])
+                   for st in samples)
     train_s = rl_train["fwd_bwd_predicted_s"] / eff + rl_train["optim_predicted_s"]
     sample_s = sum(st["prefill_s"] / eff + max(st["decode_weights_s"] + st["decode_kv_s"],
                                                st["decode_compute_s"] / eff) for st in samples)
@@ -218,7 +254,10 @@ def calibrated(sft: dict[str, Any], rl_train: dict[str, Any], samples: list[dict
         "rl_train": {"predicted_s": train_s, "ratio": rl_train["measured_s"] / train_s},
         "rl_sample": {"predicted_s": sample_s, "ratio": measured_sample_s / sample_s},
         "rl_sample_decode_matmul_probe": {"predicted_s": probed_s,
-                                          "ratio": measured_sample_s / probed_s}}
+                                          "ratio": measured_sample_s / probed_s},
+        "decode_overhead_fit": fit,
+        "rl_sample_overhead_fitted": {"predicted_s": fitted_s,
+                                      "ratio": measured_sample_s / fitted_s if fitted_s else None}}
 
 
 def probe_summary(probes: list[MachineProbe]) -> dict[str, Any]:
@@ -237,9 +276,11 @@ def predict_phases(card: ModelCard, records: list[StepRecord], s: Settings, goal
     """The result document: per phase predicted vs measured, probes, calibration."""
     method = TrainingMethod(kind="lora", lora=LoraConfig(rank=s.rank))
     steps: dict[str, list[dict[str, float]]] = {p: [] for p in PHASES}
+    calibration = [sample_step(card, s, rec) for rec in records if rec.phase == CALIBRATION]
     for rec in records:
-        steps[rec.phase].append(sample_step(card, s, rec) if rec.phase == "rl_sample"
-                                else train_step(card, method, rec))
+        if rec.phase != CALIBRATION:
+            steps[rec.phase].append(sample_step(card, s, rec) if rec.phase == "rl_sample"
+                                    else train_step(card, method, rec))
     phases = {p: phase_row(steps[p], goal) for p in PHASES}
     probes = [records[0].probes[0]] + [r.probes[1] for r in records]
     return {
@@ -252,5 +293,6 @@ def predict_phases(card: ModelCard, records: list[StepRecord], s: Settings, goal
         "probes": probe_summary(probes),
         "phases": phases,
         "calibrated": calibrated(phases["sft_train"], phases["rl_train"], steps["rl_sample"],
-                                 phases["rl_sample"]["measured_s"]),
+                                 phases["rl_sample"]["measured_s"], calibration),
+        "calibration_steps": calibration,
     }

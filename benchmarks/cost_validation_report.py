@@ -160,12 +160,30 @@ def reading(result: dict[str, Any]) -> list[str]:
         "is what the calculator assumes; on a 20M-parameter model on CPU it dominates, so no "
         "efficiency factor measured on training can transfer to decode (calibrated ratio "
         f"{_f(cal['rl_sample']['ratio'])}; with decode priced at its measured matmul time, "
-        f"{_f(cal['rl_sample_decode_matmul_probe']['ratio'])}).",
+        f"{_f(cal['rl_sample_decode_matmul_probe']['ratio'])}). "
+        "What does transfer is the overhead itself: a term per decode iteration, "
+        "``c0 + c1 · rows``, fitted on sampling steps of other batch sizes run before the "
+        "rounds, added to the roofline (the last calibrated row). On a GPU that term is what "
+        "CUDA graphs and an async scheduler shrink; the calculator's presets leave it at zero.",
         decode_regime(smp["decode_bound"]),
         "* **Noise.** The machine is shared (see the load averages): each step's card uses the "
         "GEMM and copy probes taken right before and after it, and the per-step ratios show the "
         "spread. Re-run on an idle machine for cleaner absolute numbers "
         "(`--threads 2` there).", ""]
+
+
+def fitted_row(cal: dict[str, Any], phases: dict[str, Any]) -> list[str]:
+    """The sampling prediction with the per-iteration decode overhead fitted on the
+    calibration steps (absent in results written before the fit existed)."""
+    fit, row = cal.get("decode_overhead_fit"), cal.get("rl_sample_overhead_fitted")
+    if not fit or not fit["points"] or row is None:
+        return []
+    points = ", ".join(f"{p['rows']} rows: {1e3 * p['overhead_s_per_iteration']:.1f} ms"
+                       for p in fit["points"])
+    return [f"| GRPO sampling, roofline + per-iteration overhead {1e3 * fit['c0_s']:.1f} ms + "
+            f"{1e3 * fit['c1_s_per_row']:.2f} ms/row fitted on calibration sampling steps of "
+            f"other batches ({points}) | {_f(row['predicted_s'])} | "
+            f"{_f(phases['rl_sample']['measured_s'])} | **{_f(row['ratio'])}** |"]
 
 
 def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
@@ -185,7 +203,8 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
         "## Result (raw: measured ÷ predicted, MFU = MBU = 1 on the measured rates)", "",
         *phase_table(phases), "",
         "### Where the time goes", "", *breakdown(phases), "",
-        "### Calibrated (labelled: SFT's forward_backward efficiency applied to the others)", "",
+        "### Calibrated (labelled: SFT's forward_backward efficiency applied to the others; "
+        "sampling's per-iteration overhead fitted on other sampling shapes)", "",
         f"Efficiency from SFT: {_f(cal['efficiency_from_sft'])} of the probed fwd+bwd GEMM rate.",
         "",
         "| phase | calibrated predicted s | measured s | ratio |", "|---|---|---|---|",
@@ -196,7 +215,8 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
         f"| GRPO sampling, decode at its measured base-matmul time per iteration | "
         f"{_f(cal['rl_sample_decode_matmul_probe']['predicted_s'])} | "
         f"{_f(phases['rl_sample']['measured_s'])} | "
-        f"{_f(cal['rl_sample_decode_matmul_probe']['ratio'])} |", "",
+        f"{_f(cal['rl_sample_decode_matmul_probe']['ratio'])} |",
+        *fitted_row(cal, phases), "",
         "## Machine probes (same run: before the first step and after every step)", "",
         *probe_table(result["probes"]), "",
         *reading(result),

@@ -364,8 +364,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
         f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "
         f"step): {top}. `aten::mm` is the base linears and the LM head; `bmm`, `exp`, "
-        "`index_select` and `masked_fill` are mostly the tiled attention, whose fixed 16-row "
-        "tiles hold 2 real rows per decode token (8 positions × 2 GQA heads, 1 of them real).",
+        "`index_select` and `masked_fill` are mostly the tiled attention: a decode token's "
+        "tile holds its 2 query heads per KV head padded to the 4-row quantum, and the G "
+        "samples of a request read their shared prompt pages in one tile per page.",
         "",
     ])
 

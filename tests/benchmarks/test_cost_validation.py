@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cost_validation_predict import (
+    CALIBRATION,
     Measured,
     Settings,
     StepRecord,
+    fit_decode_overhead,
     predict_phases,
     sample_step,
     train_step,
@@ -88,3 +90,41 @@ def test_result_document_ratios_calibration_and_markdown(tmp_path: Path) -> None
     text = out.read_text()
     assert "| SFT train (forward_backward + optim_step) | 2 |" in text
     assert "**1.86**" in text
+
+
+def test_decode_overhead_fit_is_a_least_squares_line_per_iteration() -> None:
+    # Overheads per iteration: (1.0 - 0.2) / 10 = 0.08 s at 4 rows, (2.0 - 0.4) / 10 = 0.16 s
+    # at 12 rows: c1 = 0.08 / 8 = 0.01 s per row, c0 = 0.08 - 4 · 0.01 = 0.04 s.
+    steps = [{"rows": 4, "iterations": 10, "measured_s": 1.0, "predicted_s": 0.2},
+             {"rows": 12, "iterations": 10, "measured_s": 2.0, "predicted_s": 0.4}]
+    fit = fit_decode_overhead(steps)
+    assert fit["c0_s"] == pytest.approx(0.04)
+    assert fit["c1_s_per_row"] == pytest.approx(0.01)
+    one = fit_decode_overhead(steps[:1])  # one batch size: a constant per iteration
+    assert (one["c0_s"], one["c1_s_per_row"]) == (pytest.approx(0.08), 0.0)
+    assert fit_decode_overhead([])["points"] == []
+
+
+def test_calibration_steps_fit_the_overhead_and_stay_out_of_the_phases() -> None:
+    # Both steps sample 6 tokens over G = 2 rollouts (3 iterations) from a 4-token prompt;
+    # the calibration step (1 prompt × G = 2, 2 rows) took 3 ms more than its roofline, so
+    # c0 = 1 ms per iteration (one batch size: c1 = 0) and the GRPO step is predicted at its
+    # roofline + 3 ms.
+    s = Settings(threads=1, rounds=1, rank=2, rl_prompts=1, group_size=2, prompt_len=4)
+    p = probe(1.0, 1.0)
+    tokens = {"prompt_tokens": 4, "sampled_tokens": 6}
+    roofline = sample_step(CARD, s, StepRecord("rl_sample", Measured(1.0, tokens=tokens),
+                                               (p, p)))["predicted_s"]
+    train = Measured(engine_s=1e-4, fwd_bwd_s=1e-4, optim_s=0.0, tokens={"trained_tokens": 10})
+    records = [StepRecord(CALIBRATION, Measured(roofline + 3e-3, tokens=tokens), (p, p),
+                          prompts=1, group_size=2),
+               StepRecord("sft_train", train, (p, p), (10,)),
+               StepRecord("rl_sample", Measured(roofline + 6e-3, tokens=tokens), (p, p)),
+               StepRecord("rl_train", train, (p, p), (10,))]
+    result = predict_phases(CARD, records, s, goal=0.2)
+    assert result["phases"]["rl_sample"]["num_steps"] == 1
+    fit = result["calibrated"]["decode_overhead_fit"]
+    assert (fit["c0_s"], fit["c1_s_per_row"]) == (pytest.approx(1e-3), 0.0)
+    fitted = result["calibrated"]["rl_sample_overhead_fitted"]
+    assert fitted["predicted_s"] == pytest.approx(roofline + 3e-3)
+    assert fitted["ratio"] == pytest.approx((roofline + 6e-3) / (roofline + 3e-3))
