@@ -46,6 +46,10 @@ METHOD = """\
 4. `ratio = measured_s / predicted_s`, summed over a phase's steps; goal |ratio − 1| ≤ 20%. The
    calibrated rows apply the efficiency measured on SFT (achieved ÷ probed rate) to the other
    phases' FLOP terms: they are labelled as calibrated and never replace the raw ratio.
+   Before the rounds, two sampling steps of other shapes (`Settings.calibration_shapes`,
+   prompts × G) measure what a decode iteration costs beyond the roofline; a line
+   ``c0 + c1 · rows`` through them prices the GRPO step's iterations (an extrapolation to its
+   batch, not a fit to it).
 """
 
 
@@ -180,8 +184,8 @@ def fitted_row(cal: dict[str, Any], phases: dict[str, Any]) -> list[str]:
         return []
     points = ", ".join(f"{p['rows']} rows: {1e3 * p['overhead_s_per_iteration']:.1f} ms"
                        for p in fit["points"])
-    return [f"| GRPO sampling, roofline + per-iteration overhead {1e3 * fit['c0_s']:.1f} ms + "
-            f"{1e3 * fit['c1_s_per_row']:.2f} ms/row fitted on calibration sampling steps of "
+    return [f"| GRPO sampling, roofline + per-iteration overhead {1e3 * fit['c0_s']:.1f} ms "
+            f"{1e3 * fit['c1_s_per_row']:+.2f} ms/row fitted on calibration sampling steps of "
             f"other batches ({points}) | {_f(row['predicted_s'])} | "
             f"{_f(phases['rl_sample']['measured_s'])} | **{_f(row['ratio'])}** |"]
 
