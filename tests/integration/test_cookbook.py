@@ -154,3 +154,14 @@ def test_math_rl_recipe_sampler_and_trainer_agree(
         assert abs(kl) <= 1e-3, f"step {m['step']}: kl_sample_train_v1 = {kl}"
         assert kl == 0.0 and m["optim/kl_sample_train_v2"] == 0.0, "bitwise sampler = trainer"
         assert "env/all/reward/total" in m
+
+
+def test_cookbook_renderers_work_on_the_builtin_tokenizers(cookbook_python: str) -> None:
+    """`tests/engine/model/test_builtin_renderers.py` needs `tinker_cookbook`, which lives only
+    in the cookbook venv (the project venv skips it): run it there."""
+    test_file = Path(__file__).resolve().parents[1] / "engine/model/test_builtin_renderers.py"
+    done = subprocess.run([cookbook_python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(test_file)], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    assert "6 passed" in done.stdout, done.stdout[-2000:]

@@ -1,4 +1,5 @@
-"""The tinker-cookbook renderers work on the built-in tokenizers (skipped without the cookbook)."""
+"""The tinker-cookbook renderers work on the built-in tokenizers. Skipped in the project venv (no
+cookbook there); `tests/integration/test_cookbook.py` runs this file in the cookbook venv."""
 
 from __future__ import annotations
 
