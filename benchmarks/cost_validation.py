@@ -27,16 +27,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: make `benchmarks` and `loraplex` importable
-    sys.path.insert(0, str(REPO))
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import httpx  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import httpx
+from tqdm import tqdm
 
-from benchmarks.cost_validation_predict import (  # noqa: E402
+from benchmarks import REPO, RESULTS
+from benchmarks.cost_validation_predict import (
     CALIBRATION,
     Measured,
     Settings,
@@ -45,10 +45,10 @@ from benchmarks.cost_validation_predict import (  # noqa: E402
     model_card,
     predict_phases,
 )
-from benchmarks.cost_validation_report import write_markdown  # noqa: E402
-from benchmarks.peers.server_process import ServerProcess, free_port  # noqa: E402
-from benchmarks.probe import MachineProbe, median_seconds, probe_machine  # noqa: E402
-from loraplex.cost.cards.architecture import ModelCard  # noqa: E402
+from benchmarks.cost_validation_report import write_markdown
+from benchmarks.peers.server_process import ServerProcess, free_port
+from benchmarks.probe import MachineProbe, median_seconds, probe_machine
+from loraplex.domain.model_card import ModelCard
 
 API_KEY = "tml-cost-validation"
 MODEL_NAME = "small"
@@ -225,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of the server and of the GEMM probe (same on both; "
                         "1 by default: 2-thread OpenMP collapses on a shared 2-core box)")
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--data-dir", default=None,
                    help="server data dir (reuse one to skip building the built-in model)")
     p.add_argument("--startup-timeout", type=float, default=600.0)

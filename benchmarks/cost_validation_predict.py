@@ -9,7 +9,7 @@ summed over its steps against the measured engine seconds. Knows nothing about s
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import statistics
 from collections import Counter
@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.probe import MachineProbe
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.cards.hardware import HardwareCard
 from loraplex.cost.flops import TrainingMethod, forward_flops, training_flops
 from loraplex.cost.memory import plan_layout
 from loraplex.cost.timing import bandwidth_seconds, compute_seconds, decode_seconds
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model_card import ModelCard
+from loraplex.engine.model.spec import ModelSpec
 
 ADAMW_BYTES_PER_PARAM = 28.0
 """fp32 AdamW reads weight, gradient and both moments (16 B) and writes weight and moments
@@ -125,14 +126,11 @@ class StepRecord:
 
 
 def model_card(config_path: Path, name: str) -> ModelCard:
-    """The cost model's card for the model the server loaded, from its config.json."""
-    c = json.loads(config_path.read_text())
-    return ModelCard(name=f"builtin {name}", num_layers=c["num_hidden_layers"],
-                     hidden_size=c["hidden_size"], num_heads=c["num_attention_heads"],
-                     num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-                     intermediate_size=c["intermediate_size"], vocab_size=c["vocab_size"],
-                     tie_word_embeddings=bool(c.get("tie_word_embeddings")),
-                     weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM, source=str(config_path))
+    """The cost model's card for the model the server loaded: the card the engine describes it
+    with (`ModelInfo.card`, from its config.json), at this run's weight precision."""
+    card = ModelSpec.from_dir(config_path.parent).model_info().card
+    return dataclasses.replace(card, name=f"builtin {name}", source=str(config_path),
+                               weight_bytes_per_param=WEIGHT_BYTES_PER_PARAM)
 
 
 def hardware_card(probes: tuple[MachineProbe, ...], training: bool) -> HardwareCard:

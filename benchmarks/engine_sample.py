@@ -25,8 +25,10 @@ this process at this thread count), ``prefix_sharing_speedup`` (unshared ÷ shar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
+import sys
 import time
 from array import array
 from collections.abc import Callable
@@ -34,19 +36,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import torch
 from tqdm import tqdm
 
+from benchmarks import RESULTS, SCRATCH
 from benchmarks.probe import load_average, probe_machine
 from loraplex.config import EngineConfig
-from loraplex.cost.cards.models import card_from_model_info
 from loraplex.cost.flops import forward_flops
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
 from loraplex.domain.work import SampleWork
+from loraplex.engine.builtin.model import ensure_builtin_model
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.model.builtin import ensure_builtin_model
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.sampler import Sampler
@@ -54,7 +59,6 @@ from loraplex.engine.sampling.sampler import Sampler
 RANK, ALPHA = 16, 32
 PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                 "lm_head"]
-RESULTS = Path(__file__).parent / "results"
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,7 @@ def build(model_dir: Path) -> Engines:
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # B ≠ 0: the adapter changes every logit
         for w in adapter.weights.values():
-            w.b_L_O_R.copy_(torch.randn(w.b_L_O_R.shape, generator=gen) * 0.02)
+            w.b_L_O_Rk.copy_(torch.randn(w.b_L_O_Rk.shape, generator=gen) * 0.02)
     return Engines(model_dir, invariant, fast, bank, peft_baseline(model_dir, adapter))
 
 
@@ -145,7 +149,7 @@ def run_ours(engines: Engines, model: Transformer, workload: Workload,
              batch: list[list[int]]) -> tuple[Timing, dict[str, int]]:
     """Time to finish the workload on a fresh sampler, and its counters."""
     sampler = Sampler(model, engines.bank, EngineConfig(kv_cache_blocks=1024),
-                      str(engines.model_dir), lambda adapter_id, adapter_dir: None)
+                      str(engines.model_dir))
     params = SamplingParams(max_tokens=workload.new_tokens, temperature=1.0,
                             stop=StopCondition(use_eos=False))
     works = [SampleWork(f"r{i}", "policy", None, array("q", p), workload.num_samples,
@@ -225,7 +229,7 @@ def profile_decode_steps(engines: Engines, steps: int = 16) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     sampler = Sampler(engines.invariant, engines.bank, EngineConfig(kv_cache_blocks=1024),
-                      str(engines.model_dir), lambda adapter_id, adapter_dir: None)
+                      str(engines.model_dir))
     params = SamplingParams(max_tokens=64, stop=StopCondition(use_eos=False), seed=0)
     sampler.step([SampleWork(f"p{i}", "policy", None, array("q", p), 8, params)
                   for i, p in enumerate(prompts(FANOUT, 7, engines.invariant.spec.vocab_size))],
@@ -242,7 +246,7 @@ def profile_decode_steps(engines: Engines, steps: int = 16) -> dict[str, Any]:
 
 def flops_per_generated_token(model: Transformer, workload: Workload) -> float:
     """Forward FLOPs of one decode token at the workload's mean context, LoRA included."""
-    card = card_from_model_info(model.model_info())
+    card = model.model_info().card
     mean_context = workload.prompt_len + (workload.new_tokens - 1) / 2
     lora = 2 * card.lora_rank_widths(RANK)
     return forward_flops(card, 1, mean_context) + lora
@@ -255,7 +259,7 @@ def main() -> None:
                         help="torch intra-op threads (1: 2-thread GEMMs collapse on a loaded "
                              "2-core box, perf-anchors §4)")
     parser.add_argument("--model-dir", type=Path,
-                        default=Path(".scratch/bench/engine_sample/small-qwen3"))
+                        default=SCRATCH / "bench" / "engine_sample" / "small-qwen3")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -280,7 +284,7 @@ def main() -> None:
         "load_avg_end": list(load_average()),
         "probe_start": probe_start.as_dict(),
         "probe_end": probe_end.as_dict(),
-        "model": vars(engines.invariant.model_info()),
+        "model": dataclasses.asdict(engines.invariant.model_info()),
         "lora": {"rank": RANK, "alpha": ALPHA, "targets": PEFT_TARGETS, "b_nonzero": True},
         "ours_tok_s": ours,
         "hf_generate_tok_s": hf,

@@ -37,22 +37,22 @@ from typing import Any
 # steps ran 3-4x slower under load with libgomp's default active wait (measured). Set before
 # torch loads libgomp; override from the environment. Both candidates run under it alike.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import RESULTS
 from benchmarks.probe import load_average, probe_machine
 from loraplex.config import EngineConfig
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.flops import TrainingMethod, training_flops
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.engine.builtin.model import create_builtin_model
 from loraplex.engine.executor import Engine
-from loraplex.engine.model.builtin import create_builtin_model
 
 RANK = 16
 LORA = LoraConfig(rank=RANK, alpha=32.0, seed=0)
@@ -158,11 +158,7 @@ def run_interleaved(steps: dict[str, Step], rounds: int, warmup: int) -> dict[st
 
 def flops_per_token(info: ModelInfo, lengths: tuple[int, ...]) -> float:
     """LoRA training FLOPs per token, attention included (`loraplex.cost.flops`)."""
-    card = ModelCard(name="builtin:small", num_layers=info.num_layers,
-                     hidden_size=info.hidden_size, num_heads=info.num_heads,
-                     num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
-                     intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-                     tie_word_embeddings=True)
+    card = info.card
     method = TrainingMethod(kind="lora", lora=LORA)
     return sum(training_flops(card, n, method) for n in lengths) / sum(lengths)
 
@@ -315,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--model-dir", help="reuse a built-in small model directory")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)

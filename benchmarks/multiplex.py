@@ -33,24 +33,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from benchmarks.multiplex_pool import TenantPool  # noqa: E402
-from benchmarks.multiplex_run import (  # noqa: E402
-    MODEL_NAME,
-    RunSpec,
-    loraplex_server,
-    run_loop,
-)
-from benchmarks.peers import skyrl  # noqa: E402
-from benchmarks.peers.client import run_client  # noqa: E402
-from benchmarks.peers.small_model import ensure_small_model  # noqa: E402
-from benchmarks.probe import probe_machine  # noqa: E402
+from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks.multiplex_pool import TenantPool
+from benchmarks.multiplex_run import MODEL_NAME, RunSpec, loraplex_server, run_loop
+from benchmarks.peers import skyrl
+from benchmarks.peers.client import run_client
+from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
+from benchmarks.probe import probe_machine
 
-RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("packed", "timeslice", "single")
 
 
@@ -270,11 +265,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "0: torch's default)")
     p.add_argument("--out", type=Path, help="results directory (default benchmarks/results; "
                    "with --quick the scratch dir)")
-    p.add_argument("--scratch-dir", type=Path, default=REPO / ".scratch" / "multiplex-bench")
+    p.add_argument("--scratch-dir", type=Path, default=SCRATCH / "multiplex-bench")
     p.add_argument("--skyrl-dir", type=Path, default=skyrl.DEFAULT_SCRATCH_DIR,
                    help="SkyRL's venv + runs (installed there if missing)")
-    p.add_argument("--model-dir", type=Path,
-                   default=REPO / ".scratch" / "peers" / "models" / "small")
+    p.add_argument("--model-dir", type=Path, default=SMALL_MODEL_DIR)
     return p.parse_args(argv)
 
 
@@ -297,10 +291,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    # Imported after parsing, so that --help needs neither matplotlib nor the scheduler.
     from benchmarks.multiplex_report import write_report
     from benchmarks.scheduler_overhead import per_op_overhead_ms
 
-    args = parse_args(argv)
     settings = settings_from(args)
     # SIGTERM unwinds like Ctrl-C, so the servers and tenant processes are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -211,10 +211,20 @@ DEFINITIONS = (
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(result)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(result: dict[str, Any]) -> Any:
+    """The two-panel matplotlib figure (throughput; efficiency and speedup), both against K."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     modes = result["modes"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -235,14 +245,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[1].axhline(0.9, color="grey", lw=0.8, ls=":")
     axes[1].set(xscale="log", xlabel="tenants K", ylabel="ratio",
                 title="efficiency and speedup vs K")
+    ks = sorted({r["k"] for rows in modes.values() for r in rows})
     for ax in axes:
-        ax.set_xticks([r["k"] for r in next(iter(modes.values()))])
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        # Ticks at the measured K only, as plain numbers: a log axis otherwise labels its minor
+        # ticks "3×10^0" whenever K spans less than a decade.
+        ax.xaxis.set_major_locator(ticker.FixedLocator(ks))
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     load = result["probe_start"]["load_avg_1m"]
     fig.suptitle(f"loraplex multiplexing, small model, {result['measured_at']} "
                  f"(load avg {load:.1f} on {result['cores']} cores)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

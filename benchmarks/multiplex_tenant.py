@@ -15,6 +15,7 @@ alive across jobs to pay the SDK's import cost once.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import queue
@@ -201,6 +202,9 @@ def run_job(channel: Channel, job: Job) -> None:
 
 
 def main() -> None:
+    # No flags: the protocol runs over stdin/stdout; --help prints the docstring above.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     channel = Channel()

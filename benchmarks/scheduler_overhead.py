@@ -35,28 +35,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loraplex.config import SchedulerConfig  # noqa: E402
-from loraplex.domain.data import Datum, TensorData  # noqa: E402
-from loraplex.domain.lora import LoraConfig  # noqa: E402
-from loraplex.domain.optim import AdamParams  # noqa: E402
-from loraplex.domain.work import ForwardBackwardWork, OptimStepWork  # noqa: E402
-from loraplex.scheduler.clock import ClockLoop  # noqa: E402
-from loraplex.scheduler.effects import Effects  # noqa: E402
-from loraplex.scheduler.futures import FutureStore  # noqa: E402
-from loraplex.scheduler.ops import (  # noqa: E402
-    CreateModelOp,
-    ForwardBackwardOp,
-    OptimStepOp,
-    WorkItem,
-)
-from loraplex.scheduler.runner import run_plan  # noqa: E402
-from loraplex.scheduler.scheduler import Scheduler  # noqa: E402
-from loraplex.store.runs import TrainingRunRecord  # noqa: E402
-from loraplex.store.stores import open_stores  # noqa: E402
-from tests.fakes import NoopExecutor  # noqa: E402
+from benchmarks import RESULTS
+from loraplex.config import SchedulerConfig
+from loraplex.domain.data import Datum, TensorData
+from loraplex.domain.lora import LoraConfig
+from loraplex.domain.ops import CreateModelOp, WorkItem
+from loraplex.domain.optim import AdamParams
+from loraplex.domain.training_run import TrainingRun
+from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.scheduler.clock import ClockLoop
+from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.futures import FutureStore
+from loraplex.scheduler.runner import run_plan
+from loraplex.scheduler.scheduler import Scheduler
+from loraplex.store.stores import open_stores
+from tests.fakes import NoopExecutor
 
 TOKENS = [2, 3, 4, 5, 6, 7, 8, 9]
 DATUM = Datum(array("q", TOKENS), {
@@ -89,8 +85,7 @@ def scheduler() -> Iterator[Scheduler]:
 
 def create(ids: Ids, tenant: str) -> WorkItem:
     model_id = f"{tenant}:train:0"
-    run = TrainingRunRecord(model_id, tenant, tenant, "bench", LoraConfig(4), {}, {},
-                            time.time(), time.time(), 0, 0)
+    run = TrainingRun(model_id, tenant, tenant, "bench", LoraConfig(4), {}, {})
     return WorkItem(ids.next(), tenant, "CreateModel", CreateModelOp(run), model_id=model_id,
                     seq_id=0)
 
@@ -101,11 +96,11 @@ def step_ops(ids: Ids, tenant: str, first_seq: int, chunks: int) -> list[WorkIte
     for i in range(chunks):
         rid = ids.next()
         work = ForwardBackwardWork(rid, model_id, (DATUM,), "cross_entropy", {}, False)
-        ops.append(WorkItem(rid, tenant, "ForwardBackward", ForwardBackwardOp(work),
+        ops.append(WorkItem(rid, tenant, "ForwardBackward", work,
                             model_id=model_id, seq_id=first_seq + i))
     rid = ids.next()
     ops.append(WorkItem(rid, tenant, "OptimStep",
-                        OptimStepOp(OptimStepWork(rid, model_id, AdamParams())),
+                        OptimStepWork(rid, model_id, AdamParams()),
                         model_id=model_id, seq_id=first_seq + chunks))
     return ops
 
@@ -254,7 +249,7 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--chunks", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     result = measure(args.tenants, args.steps, args.chunks)
     result["per_op_overhead_ms"] = result["threaded"]["per_op_overhead_ms"]

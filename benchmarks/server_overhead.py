@@ -32,13 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import httpx  # noqa: E402
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
+import httpx
+import tinker
+from tinker import types
+
+from benchmarks import REPO, RESULTS, SCRATCH
 
 MODEL = "Qwen/Qwen3-8B"
 KEY = "tml-benchmark"
@@ -196,8 +199,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    parser.add_argument("--data-dir", type=Path, default=REPO / ".scratch" / "bench-overhead")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--data-dir", type=Path, default=SCRATCH / "bench-overhead")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}

@@ -2,7 +2,10 @@
 
 Environment variables are read here and nowhere else. Each component receives only its own
 slice (`config.engine` goes to the engine, `config.scheduler` to the scheduler, ...).
-Unknown keys raise: `from_mapping` refuses names that are not fields.
+Unknown keys raise: `from_mapping` refuses names that are not fields. Each slice checks its
+own values on construction (`UserError` naming the field), whatever source they came from;
+`loraplex.cli.config_sources` layers defaults, a TOML file, ``LORAPLEX_*`` variables and
+flags into these dataclasses, reaching every field by its type annotation.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class EngineConfig:
     max_context: int | None = None
     num_threads: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.num_threads is not None and self.num_threads < 1:
+            raise user_error("num_threads", f"must be at least 1, got {self.num_threads}")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -72,6 +79,8 @@ class SchedulerConfig:
             and the missing seq_id is skipped (None: wait forever). Longer than the SDK's
             5-minute submit retry window.
         cycle_history: cycle records kept for the stats endpoint.
+        io_threads: threads per base model that run checkpoint saves (write, encryption,
+            commit) and checkpoint reads, so file work never stalls the clock loop.
     """
 
     token_budget: int = 16384
@@ -85,6 +94,11 @@ class SchedulerConfig:
     sample_share: float = 0.5
     seq_gap_timeout_s: float | None = 900.0
     cycle_history: int = 4096
+    io_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.token_budget < 1:
+            raise user_error("token_budget", f"must be at least 1, got {self.token_budget}")
 
 
 @dataclass(frozen=True)
@@ -113,17 +127,56 @@ class MeteringConfig:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """``--model NAME=SOURCE``: a catalogue name served from a local directory or a built-in."""
+    """``--model NAME=SOURCE``: a catalogue name served from a local directory or a built-in.
+
+    Attributes:
+        name: what clients pass as ``base_model``.
+        source: a local Hugging Face directory, or ``builtin:tiny`` / ``builtin:small``.
+    """
 
     name: str
     source: str
 
     @staticmethod
     def parse(spec: str) -> ModelSource:
+        """``NAME=SOURCE`` → `ModelSource`.
+
+        Raises:
+            ValueError: no ``=``, or an empty side (the config loader names the source).
+        """
         name, sep, source = spec.partition("=")
         if not sep or not name or not source:
-            raise user_error("--model", f"expected NAME=SOURCE, got {spec!r}")
+            raise ValueError(f"expected NAME=SOURCE, got {spec!r}")
         return ModelSource(name, source)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Request bounds, checked before anything is allocated (``loraplex.api.body`` and the
+    codec apply them; the table in the README lists them).
+
+    Attributes:
+        max_body_bytes: largest request body read (HTTP 413 beyond; the SDK's own chunking
+            keeps forward_backward bodies near 5 MB).
+        max_decompressed_bytes: largest zstd-decompressed body (a zstd bomb is refused after
+            inflating this much, never more).
+        max_tensor_elements: most elements one decoded tensor may hold (checked on the shape,
+            before a sparse tensor is densified).
+        max_seq_ahead: how far past the next expected seq_id of a model a request may be.
+        max_name_bytes: longest checkpoint name, in UTF-8 bytes (a path component).
+    """
+
+    max_body_bytes: int = 64 << 20
+    max_decompressed_bytes: int = 256 << 20
+    max_tensor_elements: int = 1 << 24
+    max_seq_ahead: int = 4096
+    max_name_bytes: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements",
+                     "max_seq_ahead", "max_name_bytes"):
+            if getattr(self, name) < 1:
+                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +197,7 @@ class ServerConfig:
         housekeeping_interval_s: how often TTLs are enforced and stale results dropped.
         download_url_ttl_s: lifetime of signed checkpoint-download URLs.
         metering: usage metering and pricing.
+        limits: request bounds.
     """
 
     host: str = "127.0.0.1"
@@ -158,6 +212,14 @@ class ServerConfig:
     housekeeping_interval_s: float = 60.0
     download_url_ttl_s: float = 3600.0
     metering: MeteringConfig = field(default_factory=MeteringConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        if not names:
+            raise user_error("models", "serve at least one model")
+        if len(set(names)) != len(names):
+            raise user_error("models", f"a NAME appears twice in {names}")
 
 
 @dataclass(frozen=True)
@@ -187,6 +249,11 @@ def default_hf_home() -> str:
     return os.path.join(cache, "huggingface")
 
 
-def env_overrides(prefix: str = "LORAPLEX_") -> dict[str, str]:
-    """``LORAPLEX_*`` environment variables, the only place the environment is read."""
-    return {k[len(prefix):].lower(): v for k, v in os.environ.items() if k.startswith(prefix)}
+ENV_PREFIX = "LORAPLEX_"
+"""Every configuration variable's prefix: ``LORAPLEX_<SECTION>_<FIELD>``."""
+
+
+def loraplex_environment() -> dict[str, str]:
+    """The ``LORAPLEX_*`` environment variables by full name: the only place configuration
+    reads the environment (`loraplex.cli.config_sources` interprets them)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}

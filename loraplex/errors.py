@@ -6,6 +6,12 @@ exactly one place: `loraplex.api.errors`. Nothing here knows about HTTP codes.
 
 from __future__ import annotations
 
+import logging
+import uuid
+from typing import Self
+
+log = logging.getLogger("loraplex")
+
 
 class LoraplexError(Exception):
     """Base of every error loraplex raises on purpose.
@@ -24,6 +30,11 @@ class LoraplexError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def detached(self) -> Self:
+        """A copy with only the message and field: no traceback, cause or context, so a
+        failure kept for a client holds no reference to the request that caused it."""
+        return type(self)(self.message, field=self.field)
 
 
 class UserError(LoraplexError):
@@ -44,6 +55,10 @@ class ConflictError(UserError):
     """The object already exists (e.g. a checkpoint name without ``overwrite``)."""
 
 
+class PayloadTooLargeError(UserError):
+    """A request body (or what it decompresses to) is over the server's limit."""
+
+
 class CapacityError(LoraplexError):
     """A tenant is over its in-flight budget; the client should back off and retry."""
 
@@ -59,3 +74,11 @@ class ServerError(LoraplexError):
 def user_error(field: str, problem: str) -> UserError:
     """Build a `UserError` whose message starts with the field it is about."""
     return UserError(f"{field}: {problem}", field=field)
+
+
+def server_bug(exc: BaseException, what: str) -> ServerError:
+    """Log ``exc`` with its traceback under a new error id; return the client-safe error (the
+    id, never the trace)."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s during %s", error_id, what, exc_info=exc)
+    return ServerError(f"internal server error (error id {error_id})")

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in ``tiny`` Qwen3 model + tokenizer (seed 0), created once per session."""
-    from loraplex.engine.model.builtin import create_builtin_model
+    from loraplex.engine.builtin.model import create_builtin_model
 
     return create_builtin_model(tmp_path_factory.mktemp("builtin") / "tiny-qwen3", "qwen3",
                                 "tiny", seed=0)

@@ -26,11 +26,15 @@ import numpy as np
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
+from loraplex.domain.model_card import ModelCard
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.results import (
     ForwardBackwardResult,
+    FwdBwdOutcome,
     LoadResult,
+    OptimOutcome,
     OptimStepResult,
+    SampleOutcome,
     SaveResult,
 )
 from loraplex.domain.sampling import SampledSequence, SampleResult, TopkLogprobs
@@ -43,7 +47,6 @@ from loraplex.domain.work import (
     SaveWork,
 )
 from loraplex.errors import LoraplexError, UserError, user_error
-from loraplex.scheduler.executor import FwdBwdOutcome, OptimOutcome, SampleOutcome
 
 TOY_STATE_FILE = "toy_adapter.json"
 SENTINEL = (0, -99999.0)
@@ -63,6 +66,17 @@ class ToyAdapter:
     m: float = 0.0
     v: float = 0.0
     step: int = 0
+
+
+@dataclass(frozen=True)
+class ToyCheckpoint:
+    """A toy checkpoint read into memory, waiting to be installed."""
+
+    adapter: ToyAdapter
+
+    @property
+    def config(self) -> LoraConfig:
+        return self.adapter.config
 
 
 @dataclass
@@ -109,11 +123,10 @@ class ToyExecutor:
     # ---- adapters ------------------------------------------------------------------------
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(arch="toy", vocab_size=self.vocab_size, max_context=self.max_context,
-                         eos_token_ids=(self.eos_token_id,), num_layers=1, hidden_size=8,
-                         num_heads=1, num_kv_heads=1, head_dim=8, intermediate_size=16,
-                         num_params=2 * self.vocab_size**2,
-                         num_non_embedding_params=self.vocab_size**2)
+        card = ModelCard(name="toy", num_layers=1, hidden_size=8, num_heads=1, num_kv_heads=1,
+                         head_dim=8, intermediate_size=16, vocab_size=self.vocab_size)
+        return ModelInfo(arch="toy", card=card, max_context=self.max_context,
+                         eos_token_ids=(self.eos_token_id,), num_params=2 * self.vocab_size**2)
 
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
         config.validate(self.max_lora_rank)
@@ -271,7 +284,7 @@ class ToyExecutor:
             f"{prefix}.lora_B.weight": np.zeros((8, a.config.rank), dtype=np.float32),
         }, os.path.join(directory, "adapter_model.safetensors"))
 
-    def load_adapter(self, work: LoadWork) -> LoadResult:
+    def read_checkpoint(self, work: LoadWork) -> ToyCheckpoint:
         state = _read_state(work.directory)
         config = LoraConfig(**state["config"])
         if work.expect_config is not None and work.expect_config.rank != config.rank:
@@ -282,8 +295,15 @@ class ToyExecutor:
             if "step" not in state:
                 raise user_error("path", "checkpoint has no optimizer state")
             adapter.m, adapter.v, adapter.step = state["m"], state["v"], state["step"]
-        self._adapters[work.adapter_id] = adapter
-        return LoadResult(config)
+        return ToyCheckpoint(adapter)
+
+    def install_adapter(self, adapter_id: str, prepared: object) -> LoadResult:
+        assert isinstance(prepared, ToyCheckpoint)
+        self._adapters[adapter_id] = prepared.adapter
+        return LoadResult(prepared.config)
+
+    def load_adapter(self, work: LoadWork) -> LoadResult:
+        return self.install_adapter(work.adapter_id, self.read_checkpoint(work))
 
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
         src = self._adapter(src_adapter_id)

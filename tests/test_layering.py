@@ -1,6 +1,7 @@
 """The import layering of ../shared/STYLE.md §2, enforced by parsing every module's imports.
 
 api → scheduler → (executor protocol) ← engine; store, cost → domain; domain → stdlib.
+Inside `engine`, sub-packages point down too: `sampling` → `lora` → `model`.
 `errors` and `config` are leaves every layer may use. torch stays inside `engine` (and `cli`,
 the composition root).
 """
@@ -19,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "config": {"errors"},
     "domain": {"errors"},
-    "cost": {"domain", "errors"},
+    "cost": {"domain", "errors", "config"},
     "store": {"domain", "errors", "config"},
     "engine": {"domain", "errors", "config"},
     "scheduler": {"store", "cost", "domain", "errors", "config"},
@@ -28,6 +29,16 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"api", "scheduler", "store", "cost", "engine", "demo", "domain", "errors", "config"},
     "__init__": set(),
     "__main__": {"cli"},
+}
+#: Inside `engine`: which of its sub-packages each may import (its own always). Modules directly
+#: in `engine/` (the engine facade, trainer, checkpoint IO) compose them and are unrestricted.
+ENGINE_ALLOWED: dict[str, set[str]] = {
+    "model": set(),  # the base model takes a `LoraBatch` as data; it never imports `lora`
+    "builtin": {"model"},
+    "lora": {"model"},
+    "losses": set(),
+    "optim": set(),
+    "sampling": {"model", "lora"},
 }
 TORCH_FREE = {"errors", "config", "domain", "cost", "store", "scheduler", "api", "demo"}
 HEAVY = ("torch", "transformers", "peft", "safetensors")
@@ -68,6 +79,23 @@ def test_module_imports_point_down_only(path: Path) -> None:
                 )
         if layer in TORCH_FREE:
             assert parts[0] not in HEAVY, f"{path}:{lineno}: {layer} must not import {module}"
+
+
+ENGINE = PACKAGE / "engine"
+ENGINE_MODULES = sorted(p for p in ENGINE.rglob("*.py") if len(p.relative_to(ENGINE).parts) > 1)
+
+
+@pytest.mark.parametrize("path", ENGINE_MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_engine_subpackage_imports_point_down_only(path: Path) -> None:
+    subpackage = path.relative_to(ENGINE).parts[0]
+    assert subpackage in ENGINE_ALLOWED, (
+        f"{path}: new engine sub-package {subpackage!r}; add it to ENGINE_ALLOWED")
+    for lineno, module in _imports(path):
+        parts = module.split(".")
+        if parts[:2] == ["loraplex", "engine"] and len(parts) > 2 and parts[2] != subpackage:
+            assert parts[2] in ENGINE_ALLOWED[subpackage], (
+                f"{path}:{lineno}: engine.{subpackage} must not import loraplex.engine.{parts[2]}"
+            )
 
 
 def test_every_layer_has_a_package_docstring() -> None:

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import RESULTS
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
-from benchmarks.peers.small_model import ensure_small_model
+from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
 
-RESULTS_DIR = skyrl.REPO_ROOT / "benchmarks" / "results"
 UNIFORM_ARGS = ["--train-lengths", ",".join(["256"] * 8), "--skip-sample"]
 
 
@@ -118,10 +122,9 @@ NOTES = (
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scratch-dir", default=str(skyrl.DEFAULT_SCRATCH_DIR))
-    p.add_argument("--model-dir", default=str(skyrl.REPO_ROOT / ".scratch" / "peers" / "models"
-                                              / "small"))
+    p.add_argument("--model-dir", default=str(SMALL_MODEL_DIR))
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--out", default=str(RESULTS_DIR / "skyrl_peer.json"))
+    p.add_argument("--out", default=str(RESULTS / "skyrl_peer.json"))
     p.add_argument("--skip-uniform", action="store_true")
     p.add_argument("client_args", nargs="*", help="passed to client_bench.py (after --)")
     args = p.parse_args()

@@ -32,12 +32,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import SCRATCH
 from benchmarks.peers.client import run_client
 from benchmarks.peers.server_process import ServerProcess, free_port
 
 SKYRL_VERSION = "0.4.0"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SCRATCH_DIR = REPO_ROOT / ".scratch" / "peers" / "skyrl"
+DEFAULT_SCRATCH_DIR = SCRATCH / "peers" / "skyrl"
 COMPAT_DIR = Path(__file__).resolve().parent / "skyrl_compat"
 
 # Pins that make 0.4.0 work on cp311 (see /work/shared/reference/peers-howto.md): flax>=0.12.10

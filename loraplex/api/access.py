@@ -9,17 +9,17 @@ from dataclasses import dataclass
 
 from loraplex.api.context import ServerContext
 from loraplex.domain.ids import TinkerPath
+from loraplex.domain.training_run import TrainingRun
 from loraplex.errors import NotFoundError, user_error
 from loraplex.scheduler.catalog import ServedModel
 from loraplex.store.checkpoints import CheckpointRecord
-from loraplex.store.runs import RunIdentity, TrainingRunRecord
 
 
 @dataclass(frozen=True)
 class LiveRun:
     """A training run of the caller whose adapter is in engine memory."""
 
-    run: RunIdentity
+    run: TrainingRun
     served: ServedModel
 
 
@@ -36,17 +36,18 @@ def live_run(ctx: ServerContext, tenant: str, model_id: str, field: str = "model
 
 
 def readable_checkpoint(ctx: ServerContext, tenant: str, path: str, field: str = "path"
-                        ) -> tuple[CheckpointRecord, TrainingRunRecord]:
+                        ) -> tuple[CheckpointRecord, TrainingRun]:
     """A committed checkpoint the tenant owns or that is published, and its training run."""
     parsed = TinkerPath.parse(path, field)
     record = ctx.stores.checkpoints.get_readable(parsed, tenant, field)
     run = ctx.stores.runs.find(parsed.run_id)
     if run is None:
         raise NotFoundError(f"{field}: no training run {parsed.run_id!r}", field=field)
-    return record, run
+    return record, run.run
 
 
 def owned_checkpoint(ctx: ServerContext, tenant: str, run_id: str, kind: str, name: str
                      ) -> CheckpointRecord:
+    """The caller's own committed checkpoint ``{run_id}/{kind}/{name}`` (else 404)."""
     path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
     return ctx.stores.checkpoints.get_owned(path, tenant, "checkpoint_id")

@@ -55,6 +55,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
                   openapi_url=None)
     app.state.ctx = ctx
     app.state.key_cache = KeyCache()
+    app.state.metrics_registry = metrics.metrics_registry(ctx)
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -2,28 +2,33 @@
 (`tinker.proto.tinker_public_pb2`): forward_backward requests in, ForwardBackwardOutput and
 SampleResponse out (tinker-api.md §8).
 
-Decoding turns wire tensors into domain `Datum`s (int32 tokens → int64, bf16 → f32, CSR →
-dense) and names the offending datum and field on any malformed input. Encoding writes the
+Decoding turns a body into one typed `ForwardBackwardBody` (int32 tokens → int64, bf16 → f32,
+CSR → dense), within the request bounds (`LimitsConfig`: decompressed size, tensor elements
+checked on the shape before any allocation), and names the offending datum and field on any
+malformed input. Encoding writes the
 exact layouts the SDK's ``response_conv`` reads. Numbers travel as little-endian buffers.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import zstandard
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
+from loraplex.config import LimitsConfig
 from loraplex.domain.data import Datum, ProvenanceSpan, TensorData
 from loraplex.domain.results import ForwardBackwardResult
 from loraplex.domain.sampling import SampleResult, TopkLogprobs
-from loraplex.errors import user_error
+from loraplex.errors import PayloadTooLargeError, UserError, user_error
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
-MAX_BODY_BYTES = 1 << 30
+DEFAULT_LIMITS = LimitsConfig()
 
 _NP_OF_DTYPE: dict[int, np.dtype] = {
     pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"),
@@ -31,29 +36,63 @@ _NP_OF_DTYPE: dict[int, np.dtype] = {
 }
 
 
-def decode_forward_backward(body: bytes, content_encoding: str | None
-                            ) -> pb.ForwardBackwardRequest:
-    """Parse a (possibly zstd-compressed) ForwardBackwardRequest body.
+@dataclass(frozen=True)
+class ForwardBackwardBody:
+    """A decoded forward / forward_backward request: what the route needs, no protobuf.
+
+    Attributes:
+        model_id, seq_id: the address, as sent (the route checks it).
+        data: the datums, decoded (empty when ``problem`` is set).
+        problem: why the datums could not be decoded; the address is still known, so the
+            request keeps its seq slot and fails its own future with this error.
+    """
+
+    model_id: str
+    seq_id: int
+    forward_only: bool
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    data: tuple[Datum, ...]
+    problem: UserError | None = None
+
+
+def decode_forward_backward(body: bytes, content_encoding: str | None,
+                            limits: LimitsConfig = DEFAULT_LIMITS) -> ForwardBackwardBody:
+    """Parse a (possibly zstd-compressed) ForwardBackwardRequest body, datums included.
+    CPU work for big bodies: routes run it off the event loop.
 
     Raises:
-        UserError: the body is not valid zstd / protobuf.
+        UserError: the body is not valid zstd / protobuf (no address can be read).
+        PayloadTooLargeError: it decompresses past ``limits.max_decompressed_bytes``.
     """
-    if content_encoding and content_encoding.strip().lower() == "zstd":
-        try:
-            reader = zstandard.ZstdDecompressor().stream_reader(body)
-            body = reader.read(MAX_BODY_BYTES + 1)
-        except zstandard.ZstdError as exc:
-            raise user_error("body", f"Content-Encoding zstd but not decodable: {exc}") from None
-        if len(body) > MAX_BODY_BYTES:
-            raise user_error("body", "decompressed body larger than 1 GiB")
-    elif content_encoding and content_encoding.strip().lower() not in ("identity", ""):
-        raise user_error("Content-Encoding", f"unsupported encoding {content_encoding!r}")
     msg = pb.ForwardBackwardRequest()
     try:
-        msg.ParseFromString(body)
+        msg.ParseFromString(_decompressed(body, content_encoding, limits))
     except DecodeError as exc:
         raise user_error("body", f"not a ForwardBackwardRequest protobuf: {exc}") from None
-    return msg
+    try:
+        data, problem = datums(msg, limits), None
+    except UserError as exc:
+        data, problem = (), exc.detached()
+    return ForwardBackwardBody(msg.model_id, msg.seq_id, msg.forward_only, msg.loss_fn,
+                               loss_fn_config(msg), data, problem)
+
+
+def _decompressed(body: bytes, content_encoding: str | None, limits: LimitsConfig) -> bytes:
+    encoding = (content_encoding or "").strip().lower()
+    if encoding in ("identity", ""):
+        return body
+    if encoding != "zstd":
+        raise user_error("Content-Encoding", f"unsupported encoding {content_encoding!r}")
+    limit = limits.max_decompressed_bytes
+    try:
+        out = zstandard.ZstdDecompressor().stream_reader(body).read(limit + 1)
+    except zstandard.ZstdError as exc:
+        raise user_error("body", f"Content-Encoding zstd but not decodable: {exc}") from None
+    if len(out) > limit:
+        raise PayloadTooLargeError(f"body: decompresses to more than {limit} bytes (server."
+                                   "limits.max_decompressed_bytes)", field="body")
+    return out
 
 
 def loss_fn_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
@@ -68,12 +107,12 @@ def loss_fn_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
     return config
 
 
-def datums(msg: pb.ForwardBackwardRequest) -> tuple[Datum, ...]:
+def datums(msg: pb.ForwardBackwardRequest, limits: LimitsConfig) -> tuple[Datum, ...]:
     """Decode every datum; structural problems raise a UserError naming ``data[i].…``."""
-    return tuple(_datum(d, f"data[{i}]") for i, d in enumerate(msg.data))
+    return tuple(_datum(d, f"data[{i}]", limits) for i, d in enumerate(msg.data))
 
 
-def _datum(d: pb.Datum, where: str) -> Datum:
+def _datum(d: pb.Datum, where: str, limits: LimitsConfig) -> Datum:
     parts = []
     for j, chunk in enumerate(d.model_input):
         kind = chunk.WhichOneof("chunk")
@@ -85,7 +124,7 @@ def _datum(d: pb.Datum, where: str) -> Datum:
             raise user_error(f"{where}.model_input.chunks[{j}]", "tokens are not int32 bytes")
         parts.append(np.frombuffer(raw, dtype="<i4"))
     tokens_T = np.concatenate(parts).astype("<i8") if parts else np.zeros(0, dtype="<i8")
-    inputs = {name: tensor(t, f"{where}.loss_fn_inputs.{name}")
+    inputs = {name: tensor(t, f"{where}.loss_fn_inputs.{name}", limits)
               for name, t in d.loss_fn_inputs.items()}
     return Datum(
         tokens=_to_array("q", tokens_T),
@@ -95,12 +134,20 @@ def _datum(d: pb.Datum, where: str) -> Datum:
     )
 
 
-def tensor(t: pb.Tensor, field: str) -> TensorData:
-    """A wire Tensor as a dense domain tensor (float32 or int64)."""
+def tensor(t: pb.Tensor, field: str, limits: LimitsConfig) -> TensorData:
+    """A wire Tensor as a dense domain tensor (float32 or int64); its shape is checked against
+    ``limits.max_tensor_elements`` before anything is allocated."""
     np_dtype = _NP_OF_DTYPE.get(t.dtype)
     if np_dtype is None:
-        raise user_error(field, f"unsupported dtype {pb.DType.Name(t.dtype)}")
+        raise user_error(f"{field}.dtype", f"unsupported dtype {t.dtype} (one of "
+                         f"{sorted(pb.DType.Name(d) for d in _NP_OF_DTYPE)})")
     shape = tuple(int(s) for s in t.shape)
+    if any(s < 0 for s in shape):
+        raise user_error(f"{field}.shape", f"negative dimension in {list(shape)}")
+    if math.prod(shape) > limits.max_tensor_elements:
+        raise user_error(f"{field}.shape", f"{list(shape)} holds more than "
+                         f"{limits.max_tensor_elements} elements (server.limits."
+                         "max_tensor_elements)")
     encoding = t.WhichOneof("encoding")
     if encoding == "sparse_csr":
         values = _frombuffer(t.sparse_csr.values, np_dtype, field)
@@ -109,7 +156,7 @@ def tensor(t: pb.Tensor, field: str) -> TensorData:
         dense = _frombuffer(t.dense if encoding == "dense" else b"", np_dtype, field)
         if not shape:
             shape = (dense.size,)
-        if int(np.prod(shape)) != dense.size:
+        if math.prod(shape) != dense.size:
             raise user_error(field, f"{dense.size} values do not fill shape {list(shape)}")
     if t.dtype == pb.DTYPE_BFLOAT16:
         dense = (dense.astype("<u4") << 16).view("<f4")

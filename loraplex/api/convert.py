@@ -9,25 +9,34 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from tinker import types as sdk
+from tinker.types.optimizer import OptimizerConfigBase, OptimParamsBase
 
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.losses import LOSS_FN_NAMES, LossFnName, is_loss_fn_name
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SamplingParams, StopCondition
+from loraplex.domain.tokens import check_token_range
 from loraplex.errors import user_error
 
-#: Tinker's ``LossFnType`` names the engine may implement; ``custom`` needs the flag-gated
-#: server-side custom-loss upload, which this server does not offer.
-LOSS_FNS = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo",
-            "stable_reinforce")
 MIN_TTL_S = 1
 MAX_TTL_S = 10 * 365 * 24 * 3600
 MAX_NUM_SAMPLES = 1024
+
+
+MAX_MODEL_SEQ_ID = 1 << 31
+MAX_SEED = (1 << 63) - 1
+
+
+def model_seq_id(value: int, field: str = "model_seq_id") -> int:
+    """A session's n-th model: part of the model id, so bounded like the SDK's counter."""
+    if not 0 <= value < MAX_MODEL_SEQ_ID:
+        raise user_error(field, f"must be in [0, 2^31), got {value}")
+    return value
 
 
 def lora_config(config: sdk.LoraConfig | None, field: str = "lora_config") -> LoraConfig:
@@ -35,11 +44,14 @@ def lora_config(config: sdk.LoraConfig | None, field: str = "lora_config") -> Lo
         raise user_error(field, "required (rank, train_attn, train_mlp, train_unembed)")
     if config.rank < 1:
         raise user_error(f"{field}.rank", f"must be ≥ 1, got {config.rank}")
+    if config.seed is not None and not 0 <= config.seed <= MAX_SEED:
+        raise user_error(f"{field}.seed", f"must be in [0, 2^63), got {config.seed}")
     return LoraConfig(rank=config.rank, train_attn=config.train_attn, train_mlp=config.train_mlp,
                       train_unembed=config.train_unembed, seed=config.seed)
 
 
-def optimizer_config(config: Any, field: str = "optimizer_config") -> dict[str, Any]:
+def optimizer_config(config: sdk.AdamOptimizerConfig | OptimizerConfigBase | None,
+                     field: str = "optimizer_config") -> dict[str, str]:
     """Only AdamW is implemented; other optimizer families are refused by name."""
     if config is None:
         return {"type": "adamw"}
@@ -49,7 +61,8 @@ def optimizer_config(config: Any, field: str = "optimizer_config") -> dict[str, 
     return {"type": "adamw"}
 
 
-def adam_params(params: Any, field: str = "adam_params") -> AdamParams:
+def adam_params(params: sdk.AdamParams | OptimParamsBase, field: str = "adam_params"
+                ) -> AdamParams:
     if not isinstance(params, sdk.AdamParams):
         kind = getattr(params, "type", type(params).__name__)
         raise user_error("optimizer_params", f"optimizer {kind!r} is not supported (only AdamW)")
@@ -78,20 +91,9 @@ def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt"
 
 def check_tokens(tokens: Sequence[int], info: ModelInfo, field: str) -> None:
     """Every id in the vocabulary and the sequence within the model's context."""
-    check_vocab(tokens, info, field)
+    check_token_range(tokens, info.vocab_size, field)
     if len(tokens) > info.max_context:
         raise user_error(field, f"{len(tokens)} tokens exceed the context of {info.max_context}")
-
-
-def check_vocab(tokens: Sequence[int], info: ModelInfo, field: str) -> None:
-    if not len(tokens):
-        return
-    arr = np.asarray(tokens)
-    bad = np.flatnonzero((arr < 0) | (arr >= info.vocab_size))
-    if bad.size:
-        i = int(bad[0])
-        raise user_error(f"{field}[{i}]", f"token id {int(arr[i])} outside the vocabulary "
-                         f"[0, {info.vocab_size})")
 
 
 def sampling_params(params: sdk.SamplingParams, num_samples: int,
@@ -118,11 +120,15 @@ def sampling_params(params: sdk.SamplingParams, num_samples: int,
                           stop=condition).validate(field)
 
 
-def check_datums(data: Sequence[Datum], info: ModelInfo, loss_fn: str) -> None:
-    """Structural checks every engine would make: known loss, tokens in the vocabulary and
-    context, loss inputs aligned with the tokens and finite."""
-    if loss_fn not in LOSS_FNS:
-        raise user_error("loss_fn", f"unknown loss {loss_fn!r}; known: {list(LOSS_FNS)}")
+def loss_fn_name(name: str) -> LossFnName:
+    if not is_loss_fn_name(name):
+        raise user_error("loss_fn", f"unknown loss {name!r}; known: {list(LOSS_FN_NAMES)}")
+    return name
+
+
+def check_datums(data: Sequence[Datum], info: ModelInfo) -> None:
+    """Structural checks every engine would make: tokens in the vocabulary and context, loss
+    inputs aligned with the tokens and finite."""
     if not data:
         raise user_error("data", "no datums")
     for i, datum in enumerate(data):
@@ -141,4 +147,4 @@ def check_datums(data: Sequence[Datum], info: ModelInfo, loss_fn: str) -> None:
                     k = int(bad[0])
                     raise user_error(f"{field}[{k}]", f"non-finite value {t.data[k]}")
             elif name == "target_tokens":
-                check_vocab(t.data, info, field)
+                check_token_range(t.data, info.vocab_size, field)

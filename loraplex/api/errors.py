@@ -5,6 +5,7 @@
 | NotFoundError               | 404  | user                    |
 | AuthError                   | 401  | user                    |
 | ConflictError               | 409  | user                    |
+| PayloadTooLargeError        | 413  | user                    |
 | other UserError, bad schema | 400  | user                    |
 | CapacityError               | 429 (+ Retry-After) | server   |
 | anything else               | 500 with an error id, never a trace | server |
@@ -30,11 +31,12 @@ from loraplex.errors import (
     ConflictError,
     LoraplexError,
     NotFoundError,
+    PayloadTooLargeError,
     ServerError,
     UserError,
+    server_bug,
     user_error,
 )
-from loraplex.scheduler.runner import server_bug
 
 
 def http_status(error: LoraplexError) -> int:
@@ -44,6 +46,8 @@ def http_status(error: LoraplexError) -> int:
         return 401
     if isinstance(error, ConflictError):
         return 409
+    if isinstance(error, PayloadTooLargeError):
+        return 413
     if isinstance(error, UserError):
         return 400
     if isinstance(error, CapacityError):

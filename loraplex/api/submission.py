@@ -1,71 +1,112 @@
 """Submitting training ops: the one path every seq_id-carrying request takes to the scheduler.
 
-Once a request names a live model of the caller and a valid seq_id, it always takes its seq
-slot: if building its op fails validation, a `FailedOp` takes the slot instead and its future
-fails with a user error naming the field. Answering HTTP 400 there would leave a gap that
-stalls every later op of that training client (the SDK never resends a rejected seq_id).
+A route reads as: decode → ``training_slot`` (the address: a live model of the caller and a
+valid seq_id, else HTTP 4xx) → build the op (a function decorated with `keeps_slot`) →
+``submit_training``. Once the address is valid the request always takes its seq slot: if
+building its op fails validation, a `FailedOp` takes the slot instead and its future fails
+with a user error naming the field. Answering HTTP 400 there would leave a gap that stalls
+every later op of that training client (the SDK never resends a rejected seq_id).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ParamSpec
 
 from loraplex.api.access import LiveRun, live_run
 from loraplex.api.context import ServerContext
+from loraplex.domain.ops import Admitted, FailedOp, Op, RequestKind, SaveOp, WorkItem
 from loraplex.errors import UserError, user_error
-from loraplex.scheduler.ops import FailedOp, Op, RequestKind, SaveOp, WorkItem
+
+P = ParamSpec("P")
 
 
 def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
-def submit_training(
-    ctx: ServerContext,
-    tenant: str,
-    model_id: Any,
-    seq_id: Any,
-    kind: RequestKind,
-    build: Callable[[LiveRun, str], Op],
-) -> dict[str, Any]:
-    """Validate the address (HTTP errors), build the op (failures keep the slot), submit.
+@dataclass(frozen=True)
+class TrainingSlot:
+    """A valid address in a live model's order, and the request id its op will carry.
 
-    Args:
-        build: makes the op from the live run and the new request id; a UserError it raises
-            becomes a FailedOp in the same slot.
+    Attributes:
+        previous: the admission of an earlier submit of the same seq_id (a retry), if any.
+    """
 
-    Returns:
-        the submit response ``{"request_id", "model_id"}``.
+    live: LiveRun
+    seq_id: int
+    request_id: str
+    previous: Admitted | None
+
+    @property
+    def model_id(self) -> str:
+        return self.live.run.model_id
+
+
+def training_slot(ctx: ServerContext, tenant: str, model_id: object, seq_id: object
+                  ) -> TrainingSlot:
+    """Check a training request's address.
+
+    Raises:
+        UserError / NotFoundError: a missing or malformed ``model_id`` / ``seq_id``, or a model
+            that is not the caller's live training run (HTTP 4xx: no slot is taken).
     """
     if not isinstance(model_id, str) or not model_id:
         raise user_error("model_id", "required")
     if not isinstance(seq_id, int) or isinstance(seq_id, bool) or seq_id < 1:
         raise user_error("seq_id", f"must be an integer ≥ 1, got {seq_id!r}")
     live = live_run(ctx, tenant, model_id)
-    scheduler = live.served.scheduler
-    previous = scheduler.previous_admission(model_id, seq_id)
-    if previous is not None:
-        return {"request_id": previous.request_id, "model_id": model_id}
-    request_id = new_request_id()
-    try:
-        op = build(live, request_id)
-    except UserError as exc:
-        op = FailedOp(exc)
-    item = WorkItem(request_id, tenant, kind, op, model_id=model_id, seq_id=seq_id)
-    try:
-        admitted = scheduler.submit(item)
-    except BaseException:
-        _release(op, ctx)
-        raise
-    if admitted.request_id != item.request_id:
-        _release(op, ctx)
-    return {"request_id": admitted.request_id, "model_id": model_id}
+    previous = live.served.scheduler.previous_admission(model_id, seq_id)
+    return TrainingSlot(live, seq_id, new_request_id(), previous)
 
 
-def _release(op: Op, ctx: ServerContext) -> None:
+def json_slot(ctx: ServerContext, tenant: str, raw: bytes) -> TrainingSlot:
+    """The slot of a JSON training request (its address is read before the schema, so a
+    request failing its schema still names the slot it occupies)."""
+    address = json_address(raw)
+    return training_slot(ctx, tenant, address.get("model_id"), address.get("seq_id"))
+
+
+def keeps_slot(build: Callable[P, Op]) -> Callable[P, Op]:
+    """Decorate an op builder: a `UserError` it raises becomes a `FailedOp` in the slot."""
+
+    @functools.wraps(build)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Op:
+        try:
+            return build(*args, **kwargs)
+        except UserError as exc:
+            return FailedOp(exc.detached())
+
+    return wrapper
+
+
+def submit_training(ctx: ServerContext, tenant: str, slot: TrainingSlot, kind: RequestKind,
+                    op: Op) -> dict[str, str]:
+    """Submit ``op`` in ``slot``; a retried submit answers the original request id.
+
+    Returns:
+        the submit response ``{"request_id", "model_id"}``.
+    """
+    admitted = slot.previous
+    if admitted is None:
+        item = WorkItem(slot.request_id, tenant, kind, op, model_id=slot.model_id,
+                        seq_id=slot.seq_id)
+        try:
+            admitted = slot.live.served.scheduler.submit(item)
+        except BaseException:
+            _release(ctx, op)
+            raise
+    if admitted.request_id != slot.request_id:
+        _release(ctx, op)
+    return {"request_id": admitted.request_id, "model_id": slot.model_id}
+
+
+def _release(ctx: ServerContext, op: Op) -> None:
+    """Give back what building ``op`` reserved (a checkpoint directory) when it is not run."""
     if isinstance(op, SaveOp):
         ctx.stores.checkpoints.abort(op.checkpoint)
 
@@ -75,8 +116,8 @@ def json_address(raw: bytes) -> dict[str, Any]:
     failing its schema still names the ``model_id`` / ``seq_id`` slot it occupies."""
     try:
         value = json.loads(raw or b"{}")
-    except ValueError:
-        raise user_error("body", "not JSON") from None
+    except (ValueError, RecursionError):
+        raise user_error("body", "not JSON (or nested too deeply)") from None
     if not isinstance(value, dict):
         raise user_error("body", "expected a JSON object")
     return value

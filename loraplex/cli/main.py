@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.model_cmd",
     "loraplex.cli.cost_cmd",
     "loraplex.cli.serve_cmd",
+    "loraplex.cli.config_cmd",
     "loraplex.cli.keys_cmd",
     "loraplex.cli.demo_cmd",
     "loraplex.cli.usage_cmd",

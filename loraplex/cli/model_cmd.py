@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from loraplex.engine.model.builtin import create_builtin_model
+    from loraplex.engine.builtin.model import create_builtin_model
     from loraplex.engine.model.spec import ModelSpec
 
     try:
@@ -58,5 +58,5 @@ def _info(args: argparse.Namespace) -> int:
     except LoraplexError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(dataclasses.asdict(info), indent=2))
+    print(json.dumps({"vocab_size": info.vocab_size, **dataclasses.asdict(info)}, indent=2))
     return 0

@@ -34,7 +34,7 @@ def resolve_source(source: str, data_dir: str, *, create: bool = True) -> str:
                              f"{[BUILTIN_PREFIX + s for s in BUILTIN_SIZES]}")
         directory = builtin_dir(data_dir, size)
         if create and not os.path.exists(os.path.join(directory, "config.json")):
-            from loraplex.engine.model.builtin import create_builtin_model
+            from loraplex.engine.builtin.model import create_builtin_model
 
             create_builtin_model(directory, BUILTIN_ARCH, size, BUILTIN_SEED)
         return directory

@@ -1,17 +1,24 @@
-"""`loraplex serve [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--model NAME=SOURCE ...]
-[--open] [--threads N] [--token-budget T] [--timeslice]`: the Tinker-compatible server.
+"""`loraplex serve [--config loraplex.toml] [--host 127.0.0.1] [--port 8000] [--data-dir DIR]
+[--model NAME=SOURCE ...] [--open] [--threads N] [--token-budget T] [--timeslice]`: the
+Tinker-compatible server.
+
+Every setting of every config slice can come from ``--config`` (a TOML file with ``[engine]``,
+``[scheduler]``, ``[server]`` tables and one for each slice nested in the server's, such as
+``[metering]``) or a ``LORAPLEX_<SECTION>_<FIELD>`` environment variable; a flag given on the
+command line wins over the environment, which wins over the file, which wins over the
+defaults. ``loraplex config show`` prints the result and where each value came from.
 
 NAME is what clients pass as ``base_model`` and what the server echoes everywhere; SOURCE is a
 local Hugging Face checkpoint directory or ``builtin:tiny`` / ``builtin:small`` (created under
 the data dir on first use). Several NAMEs may share one SOURCE: it is loaded once and served by
 one engine and one scheduler. Without ``--model`` the built-in tiny model is served as
 ``Qwen/Qwen3-8B`` (a catalogue name, so the SDK's and the cookbook's tokenizer and renderer
-lookups work; install its tokenizer with ``loraplex model cache-tokenizer``). Without ``--open``
-only keys made by ``loraplex keys create`` are accepted; with it any ``tml-`` key is accepted
-and each distinct key is its own tenant. ``--threads`` sets torch's intra-op threads,
-``--token-budget`` the most datum tokens per clock cycle, and ``--timeslice`` runs the naive
-baseline scheduler (one model per cycle; for benchmarks). ``GET /api/v1/healthz`` answers once
-ready.
+lookups work; install its tokenizer with ``loraplex model cache-tokenizer``); given ``--model``
+flags replace the configured list. Without ``--open`` only keys made by ``loraplex keys
+create`` are accepted; with it any ``tml-`` key is accepted and each distinct key is its own
+tenant. ``--threads`` sets torch's intra-op threads, ``--token-budget`` the most datum tokens
+per clock cycle, and ``--timeslice`` runs the naive baseline scheduler (one model per cycle;
+for benchmarks). ``GET /api/v1/healthz`` answers once ready.
 """
 
 from __future__ import annotations
@@ -21,16 +28,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from loraplex.config import (
-    DEFAULT_MODEL_NAME,
-    EngineConfig,
-    ModelSource,
-    SchedulerConfig,
-    ServerConfig,
-)
-from loraplex.errors import user_error
+from loraplex.cli.config_sources import LoadedConfig, load_config
+from loraplex.config import DEFAULT_MODEL_NAME, SchedulerConfig, ServerConfig
 
 if TYPE_CHECKING:
     from loraplex.api.context import ServerContext
@@ -38,48 +39,64 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loraplex.serve")
 
+FLAG_KEYS: dict[str, str] = {
+    "host": "server.host",
+    "port": "server.port",
+    "data_dir": "server.data_dir",
+    "model": "server.models",
+    "open": "server.open_access",
+    "threads": "engine.num_threads",
+    "token_budget": "scheduler.token_budget",
+    "timeslice": "scheduler.timeslice",
+}
+"""argparse dest → the config key its flag sets. Every flag defaults to None, meaning "not
+given", so a flag overrides the environment and the file only when it is on the command line."""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the Tinker-compatible server", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host", default=ServerConfig.host, help="listen address")
-    parser.add_argument("--port", type=int, default=ServerConfig.port, help="listen port")
-    parser.add_argument("--data-dir", default=ServerConfig.data_dir, metavar="DIR",
-                        help="database, checkpoints and built-in models")
-    parser.add_argument("--model", action="append", default=[], metavar="NAME=SOURCE",
-                        help=f"serve SOURCE as NAME (repeatable; default "
-                             f"{DEFAULT_MODEL_NAME}=builtin:tiny)")
-    parser.add_argument("--open", action="store_true",
-                        help="accept any tml- key (one tenant per distinct key)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="torch intra-op threads (default: torch's own choice)")
-    parser.add_argument("--token-budget", type=int, default=SchedulerConfig.token_budget,
-                        metavar="T", help="most datum tokens packed into one clock cycle")
-    parser.add_argument("--timeslice", action="store_true",
-                        help="naive baseline: one model per clock cycle (no packing)")
+    add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
-def server_config(args: argparse.Namespace) -> ServerConfig:
-    models = tuple(ModelSource.parse(spec) for spec in args.model) or ServerConfig.models
-    names = [m.name for m in models]
-    if len(set(names)) != len(names):
-        raise user_error("--model", f"a NAME appears twice in {names}")
-    return ServerConfig(host=args.host, port=args.port, data_dir=args.data_dir, models=models,
-                        open_access=args.open)
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """``--config`` and the flags of `FLAG_KEYS` (shared with ``loraplex config show``)."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML file of [section] tables (loraplex config show lists every key)")
+    parser.add_argument("--host", help=f"listen address (default {ServerConfig.host})")
+    parser.add_argument("--port", type=int, help=f"listen port (default {ServerConfig.port})")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help=f"database, checkpoints and built-in models "
+                             f"(default {ServerConfig.data_dir})")
+    parser.add_argument("--model", action="append", metavar="NAME=SOURCE",
+                        help=f"serve SOURCE as NAME (repeatable; default "
+                             f"{DEFAULT_MODEL_NAME}=builtin:tiny)")
+    parser.add_argument("--open", action=argparse.BooleanOptionalAction,
+                        help="accept any tml- key (one tenant per distinct key)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="torch intra-op threads (default: torch's own choice)")
+    parser.add_argument("--token-budget", type=int, metavar="T",
+                        help=f"most datum tokens packed into one clock cycle "
+                             f"(default {SchedulerConfig.token_budget})")
+    parser.add_argument("--timeslice", action=argparse.BooleanOptionalAction,
+                        help="naive baseline: one model per clock cycle (no packing)")
 
 
-def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    if args.token_budget < 1:
-        raise user_error("--token-budget", f"must be at least 1, got {args.token_budget}")
-    return SchedulerConfig(token_budget=args.token_budget, timeslice=args.timeslice)
+def given_flags(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """``section.key`` → (``--flag``, value) for the flags on the command line."""
+    return {key: ("--" + dest.replace("_", "-"), getattr(args, dest))
+            for dest, key in FLAG_KEYS.items() if getattr(args, dest) is not None}
 
 
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    if args.threads is not None and args.threads < 1:
-        raise user_error("--threads", f"must be at least 1, got {args.threads}")
-    return EngineConfig(num_threads=args.threads)
+def load_from_args(args: argparse.Namespace) -> LoadedConfig:
+    """The effective config of ``serve``'s arguments: flags > environment > file > defaults.
+
+    Raises:
+        UserError: naming the source and key of a bad or unknown value.
+    """
+    return load_config(args.config, given_flags(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,11 +105,11 @@ def run(args: argparse.Namespace) -> int:
     from loraplex.errors import LoraplexError
 
     try:
-        config = server_config(args)
+        config = load_from_args(args).config
         from loraplex.engine.executor import Engine
 
-        engine = engine_config(args)
-        ctx = build_context(config, scheduler_config(args), lambda d: Engine(d, engine))
+        ctx = build_context(config.server, config.scheduler,
+                            lambda d: Engine(d, config.engine))
     except LoraplexError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

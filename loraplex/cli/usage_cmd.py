@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    from loraplex.cost.billing import Biller
     from loraplex.errors import user_error
-    from loraplex.scheduler.billing import Biller
     from loraplex.store.db import Database
     from loraplex.store.usage import SCHEMA, UsageStore
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.cards.hardware import HardwareCard, get_hardware_card
 from loraplex.cost.cards.models import get_model_card
 from loraplex.cost.flops import (
@@ -27,6 +26,7 @@ from loraplex.cost.step import StepCost, StepPhases, step_cost
 from loraplex.cost.timing import compute_seconds, decode_seconds
 from loraplex.cost.workloads import Scenario, SelfHostSetup, TinkerSetup, Workload
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model_card import ModelCard
 
 Winner = Literal["tinker", "self_hosted"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model_card import ModelCard
 from loraplex.errors import user_error
 
 

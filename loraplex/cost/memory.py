@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.cards.hardware import HardwareCard
 from loraplex.cost.flops import TrainingMethod
+from loraplex.domain.model_card import ModelCard
 from loraplex.errors import user_error
 
 MAX_TENSOR_PARALLEL = 1024

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from loraplex.cost.catalogue import look_up
 from loraplex.cost.pricing import BILLING_MODES, ModelPrice, PriceSheet
 from loraplex.errors import user_error
 
@@ -43,8 +44,8 @@ TINKER_2026_01_05 = PriceSheet(
         "moonshotai/Kimi-K2-Thinking": _p(0.98, 2.44, 2.93),
     },
     billing_mode="per_rollout", cached_prefill_ratio=1.0, storage_usd_per_gb_month=None,
-    source="Tinker price table 'as of January 5, 2026' (thinkingmachines.ai/tinker), as quoted "
-           "by the tinker-training-cost agent skill",
+    source="Tinker's price table 'as of January 5, 2026' on https://thinkingmachines.ai/tinker/ "
+           "(compare that date's copy on web.archive.org)",
 )
 
 TINKER_2026_06 = PriceSheet(
@@ -74,8 +75,9 @@ TINKER_2026_06 = PriceSheet(
         "deepseek-ai/DeepSeek-V3.1": _p(1.13, 2.81, 3.38),
     },
     billing_mode="per_rollout", cached_prefill_ratio=1.0, storage_usd_per_gb_month=None,
-    source="PRICING dict of the tinker-cost 0.1.0 PyPI package (tinker-cookbook issue #298, "
-           "2026-06-26)",
+    source="PRICING dict of tinker-cost 0.1.0 (https://pypi.org/project/tinker-cost/0.1.0/), "
+           "announced 2026-06-26 in "
+           "https://github.com/thinking-machines-lab/tinker-cookbook/issues/298",
 )
 
 TINKER_2026_10_07 = PriceSheet(
@@ -86,9 +88,12 @@ TINKER_2026_10_07 = PriceSheet(
         "Qwen/Qwen3.5-397B-A17B": _p(3.00, 7.50, 9.00),
     },
     billing_mode="cache_aware", cached_prefill_ratio=0.2, storage_usd_per_gb_month=0.10,
-    source="Tinker price page snapshot 2026-10-07 (api-evangelist thinking-machines-plans-"
-           "pricing.yml); cached-prefill rule from the 2026-07-17 changelog and the SDK's "
-           "SampleResponse.prompt_cache_hit_tokens docstring",
+    source="https://tinker-docs.thinkingmachines.ai/tinker/models/models_and_pricing/ as read "
+           "2026-10-07 (storage and the 80% cached-prefill discount transcribed that day in "
+           "github.com/api-evangelist/thinking-machines, "
+           "plans/thinking-machines-plans-pricing.yml); cached-prefill billing: Tinker changelog "
+           "2026-07-17 and the SampleResponse docstring in "
+           "github.com/thinking-machines-lab/tinker, src/tinker/types/sample_response.py",
     inferred={
         "Qwen/Qwen3.6-27B": "train = sample (dense models price them equally on every sheet)",
         "Qwen/Qwen3.6-35B-A3B": "train = June's 1.07 × 1.5",
@@ -106,10 +111,7 @@ def get_price_sheet(name: str) -> PriceSheet:
     Raises:
         UserError: unknown name; the message lists the known ones.
     """
-    sheet = PRICE_SHEETS.get(name)
-    if sheet is None:
-        raise user_error("price_sheet", f"unknown sheet {name!r}; known: {sorted(PRICE_SHEETS)}")
-    return sheet
+    return look_up(PRICE_SHEETS, name, "price_sheet", "sheet")
 
 
 _SHEET_KEYS = {"base", "name", "effective", "billing_mode", "cached_prefill_ratio",

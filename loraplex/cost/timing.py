@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.cards.hardware import HardwareCard
 from loraplex.cost.flops import attended_positions
 from loraplex.cost.memory import ReplicaLayout
+from loraplex.domain.model_card import ModelCard
 from loraplex.errors import user_error
 
 

@@ -4,32 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.domain.model_card import ModelCard
+
 
 @dataclass(frozen=True)
 class ModelInfo:
     """Facts about one loaded base model, for validation, metering and FLOP accounting.
 
     Attributes:
-        arch: ``qwen3`` or ``llama``.
-        vocab_size: valid token ids are ``0 ≤ id < vocab_size``.
+        arch: the engine's model family (``qwen3`` or ``llama``).
+        card: its architecture numbers, the same record the cost model prices (built by the
+            engine from the model's config.json; the one description of its shape).
         max_context: longest prompt + completion (and longest training datum) accepted.
         eos_token_ids: tokens that end a completion under the default stop condition.
-        num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size:
-            architecture numbers.
-        num_params: total parameters, embeddings included.
-        num_non_embedding_params: parameters touched by the matmuls of one token
-            (transformer blocks + output head), the N in "2·N FLOPs per token".
+        num_params: exact parameter count of the loaded weights (norms included, a tied
+            head counted once).
     """
 
     arch: str
-    vocab_size: int
+    card: ModelCard
     max_context: int
     eos_token_ids: tuple[int, ...]
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
     num_params: int
-    num_non_embedding_params: int
+
+    @property
+    def vocab_size(self) -> int:
+        """Valid token ids are ``0 ≤ id < vocab_size``."""
+        return self.card.vocab_size

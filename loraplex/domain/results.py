@@ -1,12 +1,16 @@
-"""Results the engine returns, one per work item (or a `LoraplexError` in its place)."""
+"""Results the engine returns, one per work item (or a `LoraplexError` in its place), and the
+per-call outcome types of the `BatchExecutor` protocol (defined once, here)."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.sampling import SampleResult
+from loraplex.errors import LoraplexError
 
 
 @dataclass(frozen=True)
@@ -46,3 +50,30 @@ class LoadResult:
     """The LoRA config found in the checkpoint."""
 
     config: LoraConfig
+
+
+@dataclass(frozen=True)
+class AdapterReady:
+    """An adapter (a fresh one, or a sampler snapshot) now lives in the engine."""
+
+    adapter_id: str
+
+
+FwdBwdOutcome = ForwardBackwardResult | LoraplexError
+OptimOutcome = OptimStepResult | LoraplexError
+SampleOutcome = tuple[str, SampleResult | LoraplexError]
+"""``(request_id, outcome)`` of a finished sample request."""
+
+
+class PreparedAdapter(Protocol):
+    """A checkpoint read into memory off the clock thread, waiting to be installed; opaque to
+    everyone but the executor that read it."""
+
+    @property
+    def config(self) -> LoraConfig: ...
+
+
+EngineResult = (ForwardBackwardResult | OptimStepResult | SaveResult | LoadResult | SampleResult
+                | AdapterReady)
+ItemOutcome = EngineResult | LoraplexError
+"""What one work item's engine call ended with: a result, or the error that failed it alone."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.losses import LossFnName
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SamplingParams
 
@@ -37,7 +38,7 @@ class ForwardBackwardWork:
     request_id: str
     adapter_id: str
     data: tuple[Datum, ...]
-    loss_fn: str
+    loss_fn: LossFnName
     loss_fn_config: Mapping[str, float | str]
     forward_only: bool
 
@@ -77,12 +78,14 @@ class LoadWork:
     Attributes:
         with_optimizer: restore AdamW moments and step too; otherwise they restart at zero.
         expect_config: when set, the checkpoint's LoRA config must match it.
+        frozen: load as a sampler version (no gradients, no optimizer), not a training adapter.
     """
 
     adapter_id: str
     directory: str
     with_optimizer: bool
     expect_config: LoraConfig | None = None
+    frozen: bool = False
 
 
 @dataclass(frozen=True)

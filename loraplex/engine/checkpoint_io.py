@@ -53,10 +53,15 @@ MATCHED_FIELDS = ("rank", "alpha", "train_attn", "train_mlp", "train_unembed")
 
 @dataclass(frozen=True)
 class LoadedAdapter:
-    """What a checkpoint holds: the adapter and, when asked for, its optimizer state."""
+    """What a checkpoint holds: the adapter and, when asked for, its optimizer state (the
+    executor's `PreparedAdapter`: read off the engine's thread, installed on it)."""
 
     adapter: LoraAdapter
     optimizer: AdamWState | None
+
+    @property
+    def config(self) -> LoraConfig:
+        return self.adapter.config
 
 
 def base_model_fields(spec: ModelSpec) -> dict[str, Any]:

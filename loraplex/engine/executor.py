@@ -16,19 +16,25 @@ import torch
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
-from loraplex.domain.results import LoadResult, SaveResult
-from loraplex.domain.sampling import SampleResult
+from loraplex.domain.results import (
+    FwdBwdOutcome,
+    LoadResult,
+    OptimOutcome,
+    PreparedAdapter,
+    SampleOutcome,
+    SaveResult,
+)
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
-from loraplex.engine.checkpoint_io import load_checkpoint, save_checkpoint
+from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
+from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.optim.adamw_state import AdamWState
 from loraplex.engine.peft_export import write_peft_adapter
 from loraplex.engine.sampling.sampler import Sampler
-from loraplex.engine.trainer import FwdBwdOutcome, OptimOutcome, Trainer, is_trainable
+from loraplex.engine.sampling.validation import check_sample_work
+from loraplex.engine.trainer import Trainer, is_trainable
 from loraplex.errors import LoraplexError, NotFoundError
-
-SampleOutcome = tuple[str, SampleResult | LoraplexError]
 
 
 class Engine:
@@ -77,13 +83,17 @@ class Engine:
             NotFoundError: not resident and no directory to load it from.
             UserError: the directory holds no usable checkpoint.
         """
-        if adapter_id in self.bank:
-            return
+        if adapter_id not in self.bank:
+            self.bank.put(adapter_id, self._read_frozen_adapter(adapter_id, adapter_dir))
+
+    def _read_frozen_adapter(self, adapter_id: str, adapter_dir: str | None) -> LoraAdapter:
+        """``adapter_id``'s weights read from its checkpoint files (frozen); the bank is not
+        touched, so this part could run off the engine's thread."""
         if adapter_dir is None:
             raise NotFoundError(f"adapter {adapter_id!r} is not loaded", field="model_id")
         loaded = load_checkpoint(adapter_dir, self.model.spec, self.model.device,
                                  with_optimizer=False, trainable=False)
-        self.bank.put(adapter_id, loaded.adapter)
+        return loaded.adapter
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -114,27 +124,51 @@ class Engine:
                                peft if work.peft_export else None)
         return SaveResult(size)
 
-    def load_adapter(self, work: LoadWork) -> LoadResult:
-        """Replace (or create) ``work.adapter_id`` from a checkpoint, as a training adapter.
+    def read_checkpoint(self, work: LoadWork) -> LoadedAdapter:
+        """Read and check a checkpoint (frozen for a sampler, else a training adapter with
+        its optimizer state when asked). Touches no resident adapter, so it may run on an IO
+        thread beside the engine's other calls.
 
-        Without ``with_optimizer`` the AdamW moments and step restart from zero. Any gradients
-        accumulated in the replaced adapter are dropped. Nothing changes if loading fails.
+        Raises:
+            UserError: no usable checkpoint there, a different base model, a config differing
+                from ``work.expect_config``, a rank above the maximum, or missing optimizer state.
         """
         loaded = load_checkpoint(work.directory, self.model.spec, self.model.device,
-                                 with_optimizer=work.with_optimizer, trainable=True,
-                                 expect_config=work.expect_config)
+                                 with_optimizer=work.with_optimizer and not work.frozen,
+                                 trainable=not work.frozen, expect_config=work.expect_config)
         loaded.adapter.config.validate(self.bank.max_rank, field="path")
-        self.bank.delete(work.adapter_id)
-        self.bank.put(work.adapter_id, loaded.adapter)
-        self.trainer.set_optimizer_state(work.adapter_id, loaded.optimizer)
-        self._weights_changed([work.adapter_id])
-        return LoadResult(loaded.adapter.config)
+        return loaded
+
+    def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
+        """Make a read checkpoint resident as ``adapter_id``, replacing an adapter of that id.
+
+        A training adapter's AdamW moments and step come from the checkpoint, or restart from
+        zero when it was read without them; gradients accumulated in the replaced adapter are
+        dropped.
+        """
+        if not isinstance(prepared, LoadedAdapter):
+            raise TypeError(f"not a checkpoint read by this engine: {type(prepared).__name__}")
+        self.bank.delete(adapter_id)
+        self.bank.put(adapter_id, prepared.adapter)
+        if is_trainable(prepared.adapter):
+            self.trainer.set_optimizer_state(adapter_id, prepared.optimizer)
+        self._weights_changed([adapter_id])
+        return LoadResult(prepared.config)
+
+    def load_adapter(self, work: LoadWork) -> LoadResult:
+        """`read_checkpoint` then `install_adapter`, in one call (nothing changes if reading
+        fails)."""
+        return self.install_adapter(work.adapter_id, self.read_checkpoint(work))
 
     # ---- sampling ----------------------------------------------------------------------------
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
                     ) -> list[SampleOutcome]:
-        return self.sampler.step(admit, max_decode_steps)
+        """Make the admitted requests' adapters resident (`ensure_adapter`), then step the
+        sampler with the requests whose adapter is ready. A request whose adapter cannot be
+        loaded fails alone with that error."""
+        ready, failed = self._with_resident_adapters(admit)
+        return [*failed, *self.sampler.step(ready, max_decode_steps)]
 
     def num_running_samples(self) -> int:
         return 0 if self._sampler is None else self._sampler.num_running()
@@ -143,9 +177,28 @@ class Engine:
     def sampler(self) -> Sampler:
         """The sampler, created (with its KV cache) the first time sampling is used."""
         if self._sampler is None:
-            self._sampler = Sampler(self.model, self.bank, self._config, self.model_dir,
-                                    self.ensure_adapter)
+            self._sampler = Sampler(self.model, self.bank, self._config, self.model_dir)
         return self._sampler
+
+    def _with_resident_adapters(self, works: Sequence[SampleWork]
+                                ) -> tuple[list[SampleWork], list[SampleOutcome]]:
+        """The works whose adapter is (now) resident, and the failures of the others.
+
+        A work that needs a load is validated first, so a bad request loads nothing and
+        reports its own error (the sampler validates every work again on admission).
+        """
+        ready: list[SampleWork] = []
+        failed: list[SampleOutcome] = []
+        for work in works:
+            try:
+                if work.adapter_id is not None and work.adapter_id not in self.bank:
+                    check_sample_work(work, self.sampler.limits)
+                    self.ensure_adapter(work.adapter_id, work.adapter_dir)
+            except LoraplexError as exc:
+                failed.append((work.request_id, exc))
+            else:
+                ready.append(work)
+        return ready, failed
 
     def _weights_changed(self, adapter_ids: Sequence[str]) -> None:
         """Tell the sampler that cached prefixes of these adapters are stale."""

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
+from loraplex.domain.results import (
+    ForwardBackwardResult,
+    FwdBwdOutcome,
+    OptimOutcome,
+    OptimStepResult,
+)
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
@@ -29,9 +34,6 @@ from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.optim.adamw import adamw_step
 from loraplex.engine.optim.adamw_state import AdamWState
 from loraplex.errors import LoraplexError, user_error
-
-FwdBwdOutcome = ForwardBackwardResult | LoraplexError
-OptimOutcome = OptimStepResult | LoraplexError
 
 
 @dataclass(frozen=True)

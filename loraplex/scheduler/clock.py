@@ -34,9 +34,11 @@ class ClockLoop:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current plan; saves still writing on IO threads finish first."""
         self._stop.set()
         self.scheduler.wake()
         self._thread.join(timeout)
+        self.scheduler.close()
 
     @property
     def is_alive(self) -> bool:

@@ -1,28 +1,23 @@
 """What finishing each kind of op does to the persistent stores, and what its future gets.
 
-Runs on the clock-loop thread right after the engine call, before the future resolves, so a
-client never sees a result whose record is missing (a checkpoint path that is not yet listed,
-a sampling session that does not exist). A failed op rolls back what its submit reserved.
+Runs right after the engine call (on the clock thread; for saves and loads, on the IO thread
+that did the file work), before the future resolves, so a client never sees a result whose
+record is missing (a checkpoint path that is not yet listed, a sampling session that does not
+exist). A failed op rolls back what its submit reserved.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TypeVar, assert_never
 
-from loraplex.domain.results import ForwardBackwardResult, LoadResult, OptimStepResult
-from loraplex.domain.sampling import SampleResult
-from loraplex.errors import LoraplexError, ServerError
-from loraplex.scheduler.ops import (
+from loraplex.domain.ops import (
     CheckpointSaved,
     CreateModelOp,
     FailedOp,
-    ForwardBackwardOp,
     FutureResult,
     LoadOp,
     ModelCreated,
-    OptimStepOp,
-    ReleaseOp,
     Sampled,
     SampleOp,
     SamplerSnapshotReady,
@@ -31,11 +26,32 @@ from loraplex.scheduler.ops import (
     WeightsLoaded,
     WorkItem,
 )
+from loraplex.domain.results import (
+    AdapterReady,
+    EngineResult,
+    ForwardBackwardResult,
+    LoadResult,
+    OptimStepResult,
+    SampleResult,
+    SaveResult,
+)
+from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.errors import LoraplexError, ServerError
 from loraplex.store.checkpoints import CheckpointStore
 from loraplex.store.encryption import encrypt_directory
 from loraplex.store.runs import RunStore
 from loraplex.store.samplers import SamplerStore, new_record
 from loraplex.store.sequences import SequenceStore
+
+R = TypeVar("R")
+
+
+def expect(result: EngineResult, kind: type[R], item: WorkItem) -> R:
+    """``result`` as the type the protocol promises for ``item``'s op (else a server bug)."""
+    if not isinstance(result, kind):
+        raise ServerError(f"executor returned {type(result).__name__} for {item.kind} "
+                          f"{item.request_id}")
+    return result
 
 
 class Effects:
@@ -48,50 +64,55 @@ class Effects:
         self.samplers = samplers
         self.sequences = sequences
 
-    def succeeded(self, item: WorkItem, outcome: Any, *, engine_adapter: str | None = None,
-                  trained_tokens: int = 0) -> FutureResult:
+    def succeeded(self, item: WorkItem, result: EngineResult, *, trained_tokens: int = 0
+                  ) -> FutureResult:
         """Record a successful op; returns what its future resolves with.
 
         Args:
-            engine_adapter: for a snapshot, the engine id of the version it created.
             trained_tokens: for an optim step, tokens trained since the previous step.
         """
         op = item.op
-        if isinstance(op, CreateModelOp):
-            self.runs.insert(op.run)
-            return ModelCreated(op.run.model_id)
-        if isinstance(op, LoadOp):
-            assert isinstance(outcome, LoadResult)
-            if op.new_run is not None:
-                self.runs.insert(replace(op.new_run, lora=outcome.config))
-            else:
-                self.runs.touch(op.work.adapter_id)
-            return WeightsLoaded(op.work.adapter_id, str(op.path))
-        if isinstance(op, SaveOp):
-            if op.encrypt_to:
-                encrypt_directory(op.checkpoint.directory, op.encrypt_to)
-            record = self.checkpoints.commit(op.checkpoint)
-            return CheckpointSaved(str(record.path), record.size_bytes, record.path.kind)
-        if isinstance(op, SnapshotOp):
-            self.samplers.insert(new_record(
-                sampler_id=op.sampler_id, tenant=op.tenant, session_id=op.session_id,
-                base_model=op.base_model, model_path=None, source=op.kind, model_id=op.model_id,
-                adapter_id=engine_adapter if op.kind == "snapshot" else None, adapter_dir=None))
-            return SamplerSnapshotReady(op.sampler_id)
-        if isinstance(op, SampleOp):
-            assert isinstance(outcome, SampleResult)
-            self._record_sequences(item, op, outcome)
-            return Sampled(outcome, op.sequence_ids)
-        if isinstance(op, OptimStepOp):
-            assert isinstance(outcome, OptimStepResult)
-            self.runs.record_step(op.work.adapter_id, trained_tokens)
-            return outcome
-        if isinstance(op, ForwardBackwardOp):
-            assert isinstance(outcome, ForwardBackwardResult)
-            return outcome
-        if isinstance(op, ReleaseOp | FailedOp):
-            return None
-        raise AssertionError(f"no effect for {type(op).__name__}")
+        match op:
+            case CreateModelOp():
+                expect(result, AdapterReady, item)
+                self.runs.insert(op.run)
+                return ModelCreated(op.run.model_id)
+            case LoadOp():
+                loaded = expect(result, LoadResult, item)
+                if op.new_run is not None:
+                    self.runs.insert(replace(op.new_run, lora=loaded.config))
+                else:
+                    self.runs.touch(op.work.adapter_id)
+                return WeightsLoaded(op.work.adapter_id, str(op.path))
+            case SaveOp():
+                expect(result, SaveResult, item)
+                if op.encrypt_to:
+                    encrypt_directory(op.checkpoint.directory, op.encrypt_to)
+                record = self.checkpoints.commit(op.checkpoint)
+                return CheckpointSaved(str(record.path), record.size_bytes, record.path.kind)
+            case SnapshotOp():
+                ready = expect(result, AdapterReady, item)
+                self.samplers.insert(new_record(
+                    sampler_id=op.sampler_id, tenant=op.tenant, session_id=op.session_id,
+                    base_model=op.base_model, model_path=None, source=op.kind,
+                    model_id=op.model_id,
+                    adapter_id=ready.adapter_id if op.kind == "snapshot" else None,
+                    adapter_dir=None))
+                return SamplerSnapshotReady(op.sampler_id)
+            case SampleOp():
+                sampled = expect(result, SampleResult, item)
+                self._record_sequences(item, op, sampled)
+                return Sampled(sampled, op.sequence_ids)
+            case OptimStepWork():
+                stepped = expect(result, OptimStepResult, item)
+                self.runs.record_step(op.adapter_id, trained_tokens)
+                return stepped
+            case ForwardBackwardWork():
+                return expect(result, ForwardBackwardResult, item)
+            case FailedOp():
+                raise ServerError(f"pre-failed op {item.request_id} reported a success")
+            case _:
+                assert_never(op)
 
     def failed(self, item: WorkItem, error: LoraplexError) -> None:
         """Undo what the submit reserved for an op that failed."""

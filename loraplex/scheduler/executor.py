@@ -3,6 +3,11 @@
 Defined here, by its consumer. Implemented by `loraplex.engine.executor.Engine` (torch) and by
 test fakes. Every batch method returns one outcome per work item, in order: a result, or the
 `LoraplexError` that failed that item alone. Whole-batch exceptions are reserved for bugs.
+
+Threads: the clock thread makes every call except two, which run on the scheduler's IO threads
+so that file work never stalls other tenants' cycles: `save_adapter` and `read_checkpoint`.
+While either runs, the scheduler makes no other call about that adapter id (its model's queue
+is busy), so an executor only has to tolerate them beside calls about *other* adapters.
 """
 
 from __future__ import annotations
@@ -13,18 +18,14 @@ from typing import Protocol
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
-    ForwardBackwardResult,
+    FwdBwdOutcome,
     LoadResult,
-    OptimStepResult,
+    OptimOutcome,
+    PreparedAdapter,
+    SampleOutcome,
     SaveResult,
 )
-from loraplex.domain.sampling import SampleResult
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
-from loraplex.errors import LoraplexError
-
-FwdBwdOutcome = ForwardBackwardResult | LoraplexError
-OptimOutcome = OptimStepResult | LoraplexError
-SampleOutcome = tuple[str, SampleResult | LoraplexError]
 
 
 class BatchExecutor(Protocol):
@@ -61,11 +62,18 @@ class BatchExecutor(Protocol):
         ...
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
-        """Write weights (and optimizer state) atomically under ``work.directory``."""
+        """Write weights (and optimizer state) atomically under ``work.directory``.
+        Runs on an IO thread (see the module docstring)."""
         ...
 
-    def load_adapter(self, work: LoadWork) -> LoadResult:
-        """Load a checkpoint into ``work.adapter_id`` (creating it if needed)."""
+    def read_checkpoint(self, work: LoadWork) -> PreparedAdapter:
+        """Read and check a checkpoint into memory without touching resident adapters.
+        Runs on an IO thread. Raises UserError for a missing, corrupt or mismatched one."""
+        ...
+
+    def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
+        """Make ``prepared`` resident as ``adapter_id``, replacing an adapter of that id (and
+        its gradients and optimizer state) if one exists. Cheap: no file work."""
         ...
 
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
@@ -77,7 +85,8 @@ class BatchExecutor(Protocol):
     ) -> list[SampleOutcome]:
         """Continuous batching: admit new requests (prefill), decode up to ``max_decode_steps``
         steps for every running sequence, and return the requests that finished (with their
-        request ids), in any order. Requests that stay unfinished keep running next call."""
+        request ids), in any order. Requests that stay unfinished keep running next call.
+        Admitted requests' adapters are resident (the scheduler installs them first)."""
         ...
 
     def num_running_samples(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from loraplex.scheduler.ops import WorkItem
+from loraplex.domain.ops import WorkItem
 
 
 def datum_tokens(item: WorkItem) -> int:

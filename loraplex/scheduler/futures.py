@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from loraplex.domain.ops import FutureResult, RequestKind
 from loraplex.errors import LoraplexError, NotFoundError, ServerError, UserError
-from loraplex.scheduler.ops import FutureResult, RequestKind
 from loraplex.store.futures import FutureJournal
 
 FETCHED_GRACE_S = 120.0
@@ -31,7 +31,7 @@ class FutureEntry:
     kind: RequestKind
     created_at: float
     is_done: bool = False
-    result: FutureResult = None
+    result: FutureResult | None = None
     error: LoraplexError | None = None
     completed_at: float | None = None
     fetched_at: float | None = None
@@ -64,7 +64,8 @@ class FutureStore:
         self._complete(request_id, result, None)
 
     def fail(self, request_id: str, error: LoraplexError) -> None:
-        self._complete(request_id, None, error)
+        """Fail a future; only the error's message and field are kept (`detached`)."""
+        self._complete(request_id, None, error.detached())
 
     def get(self, request_id: str, tenant: str) -> FutureEntry:
         """The tenant's future. A request id the journal knows but memory lost (restart, TTL)
@@ -124,7 +125,7 @@ class FutureStore:
         with self._lock:
             return sum(not e.is_done for e in self._entries.values())
 
-    def _complete(self, request_id: str, result: FutureResult,
+    def _complete(self, request_id: str, result: FutureResult | None,
                   error: LoraplexError | None) -> None:
         with self._lock:
             entry = self._entries.get(request_id)

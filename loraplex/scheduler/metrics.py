@@ -14,16 +14,29 @@ import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import assert_never
 
-from loraplex.scheduler.ops import WorkItem
-from loraplex.scheduler.plan import ControlPlan, CyclePlan, ExpirePlan, Plan, SamplePlan
+from loraplex.domain.ops import (
+    ControlPlan,
+    CyclePlan,
+    ExpirePlan,
+    InstallPlan,
+    Plan,
+    ReleasePlan,
+    SamplePlan,
+    WorkItem,
+)
+from loraplex.domain.usage import OpUsage, UsageCounts
+from loraplex.scheduler.engine_share import WorkClass
+from loraplex.scheduler.histogram import Histogram
 from loraplex.scheduler.runner import PlanOutcome
-from loraplex.scheduler.usage import OpUsage
 
-PLAN_KINDS = ("cycle", "control", "sample", "expire", "release")
+PLAN_KINDS = ("cycle", "control", "sample", "install", "io", "expire", "release")
 """``cycle``: a training clock cycle (packed forward/forward_backward batch, then optim steps);
-``control``: one create / load / save / snapshot op; ``sample``: a continuous-batching step;
-``expire``: ops failed by the seq gap timeout; ``release``: adapters dropped."""
+``control``: one create / snapshot op; ``sample``: a continuous-batching step; ``install``:
+checkpoints read off the clock thread put into the engine; ``io``: a save or checkpoint read on
+an IO thread (engine time 0); ``expire``: ops failed by the seq gap timeout; ``release``:
+adapters dropped."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class CycleRecord:
         wall_time: ``time.time()`` at the same moment (for display).
         engine_s: seconds inside executor calls.
         train_s, optim_s: the forward_backward and optim_step parts of a cycle's engine time.
+        io_s: seconds an ``io`` record's file work took on its IO thread.
         idle_s: seconds the engine sat idle before this plan (nothing was ready).
         overhead_s: scheduler bookkeeping of this plan (planning and completion).
         tenants: distinct tenants with ops in it.
@@ -54,6 +68,7 @@ class CycleRecord:
     engine_s: float
     train_s: float = 0.0
     optim_s: float = 0.0
+    io_s: float = 0.0
     idle_s: float = 0.0
     overhead_s: float = 0.0
     tenants: tuple[str, ...] = ()
@@ -66,28 +81,23 @@ class CycleRecord:
 
 @dataclass
 class TenantCounters:
-    """Monotonic per-tenant totals since the server started."""
+    """Monotonic per-tenant totals since the server started: finished, failed and refused ops
+    per request kind, and the usage they metered."""
 
     ops: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
-    engine_s: float = 0.0
-    trained_tokens: int = 0
-    forward_tokens: int = 0
-    prompt_tokens: int = 0
-    cache_hit_tokens: int = 0
-    sampled_tokens: int = 0
+    usage: UsageCounts = field(default_factory=UsageCounts)
 
     def add(self, op: OpUsage) -> None:
         self.ops[op.kind] += 1
         if op.failed:
             self.failed[op.kind] += 1
-        self.engine_s += op.engine_s
-        self.trained_tokens += op.trained_tokens
-        self.forward_tokens += op.forward_tokens
-        self.prompt_tokens += op.prompt_tokens
-        self.cache_hit_tokens += op.cache_hit_tokens
-        self.sampled_tokens += op.sampled_tokens
+        self.usage += op.counts
+
+    def copy(self) -> TenantCounters:
+        return TenantCounters(Counter(self.ops), Counter(self.failed), Counter(self.rejected),
+                              self.usage)
 
 
 class SchedulerMetrics:
@@ -111,11 +121,12 @@ class SchedulerMetrics:
         self.ops: Counter[str] = Counter()
         self.tenant_slots: Counter[str] = Counter()
         self.tenants: defaultdict[str, TenantCounters] = defaultdict(TenantCounters)
+        self._wait_hist: defaultdict[str, Histogram] = defaultdict(Histogram)
+        self._latency_hist: defaultdict[str, Histogram] = defaultdict(Histogram)
         self._waits: dict[str, deque[float]] = {"train": deque(maxlen=4096),
                                                 "sample": deque(maxlen=4096)}
         self.started_at = clock()
         self._idle_since = self.started_at
-        self._in_flight: dict[int, tuple[float, float, float, tuple[float, ...]]] = {}
 
     def record(self, cycle: CycleRecord, ops: list[OpUsage], waits: dict[str, list[float]]
                ) -> CycleRecord:
@@ -134,6 +145,8 @@ class SchedulerMetrics:
                 self.tenants[op.tenant].add(op)
             for cls, values in waits.items():
                 self._waits[cls].extend(values)
+                for value in values:
+                    self._wait_hist[cls].observe(value)
         return cycle
 
     def totals(self) -> tuple[dict[str, int], dict[str, float], float, float]:
@@ -154,33 +167,34 @@ class SchedulerMetrics:
     def tenants_snapshot(self) -> dict[str, TenantCounters]:
         """A consistent copy of the per-tenant counters."""
         with self._lock:
-            return {t: TenantCounters(Counter(c.ops), Counter(c.failed), Counter(c.rejected),
-                                      c.engine_s, c.trained_tokens, c.forward_tokens,
-                                      c.prompt_tokens, c.cache_hit_tokens, c.sampled_tokens)
-                    for t, c in self.tenants.items()}
+            return {t: c.copy() for t, c in self.tenants.items()}
 
-    def plan_started(self, plan: Plan, now: float, plan_s: float) -> None:
-        """Note when ``plan`` was made, how long the engine idled before it and the queue
-        waits of the ops it starts (`plan_done` turns that into its record)."""
+    def idle_since(self, now: float) -> float:
+        """Seconds the engine has had nothing to do before ``now`` (a new plan's idle time)."""
         with self._lock:
-            waits = tuple(now - it.enqueued_at for it in _started_items(plan))
-            self._in_flight[id(plan)] = (now, max(0.0, now - self._idle_since), plan_s, waits)
+            return max(0.0, now - self._idle_since)
 
     def plan_done(self, plan: Plan, outcome: PlanOutcome, finished: list[WorkItem],
                   ops: list[OpUsage], num_running: int, complete_s: float) -> CycleRecord:
-        """Record a completed plan with its ops' usage; returns the record."""
-        record = plan_record(plan, outcome, finished, num_running)
+        """Record a completed plan (its `PlanStart` says when it was made) with its ops'
+        usage; returns the record."""
+        start = plan.start
+        waits = [start.at - it.enqueued_at for it in started_items(plan)]
+        record = replace(plan_record(plan, outcome, finished, num_running),
+                         started_at=start.at, idle_s=start.idle_s,
+                         overhead_s=start.plan_s + complete_s, max_wait_s=max(waits, default=0.0))
         with self._lock:
-            started = self._in_flight.pop(id(plan), None)
             self._idle_since = self._clock()
-        waits: dict[str, list[float]] = {}
-        if started is not None:
-            at, idle_s, plan_s, started_waits = started
-            record = replace(record, started_at=at, idle_s=idle_s,
-                             overhead_s=plan_s + complete_s,
-                             max_wait_s=max(started_waits, default=0.0))
-            waits["sample" if isinstance(plan, SamplePlan) else "train"] = list(started_waits)
-        return self.record(record, ops, waits)
+        return self.record(record, ops, {work_class_of(plan) or "train": waits} if waits else {})
+
+    def io_done(self, item: WorkItem, io_s: float, usage: OpUsage, started_at: float,
+                wait_s: float) -> CycleRecord:
+        """Record a save or checkpoint read that ran on an IO thread (engine time 0: the engine
+        kept running other plans meanwhile)."""
+        record = CycleRecord(index=-1, kind="io", started_at=started_at,
+                             wall_time=time.time() - io_s, engine_s=0.0, io_s=io_s,
+                             tenants=(item.tenant,), num_models=1, num_ops=1, max_wait_s=wait_s)
+        return self.record(record, [usage], {"train": [wait_s]})
 
     def rejected(self, tenant: str, kind: str) -> None:
         """A submit refused by backpressure (HTTP 429)."""
@@ -216,6 +230,18 @@ class SchedulerMetrics:
                 out[c.kind] += _overlap(c, now - window_s, now)
         return dict(out)
 
+    def op_finished(self, kind: str, latency_s: float) -> None:
+        """An op of request type ``kind`` finished ``latency_s`` after it was submitted."""
+        with self._lock:
+            self._latency_hist[kind].observe(latency_s)
+
+    def histograms(self) -> tuple[dict[str, Histogram], dict[str, Histogram]]:
+        """Copies of the queue-wait histograms (per class: train, sample) and the op-latency
+        histograms (per request type) since start."""
+        with self._lock:
+            return ({k: h.copy() for k, h in self._wait_hist.items()},
+                    {k: h.copy() for k, h in self._latency_hist.items()})
+
     def waits(self) -> dict[str, list[float]]:
         """Recent queue waits (seconds) of training ops and of sampling requests."""
         with self._lock:
@@ -238,16 +264,23 @@ def plan_record(plan: Plan, outcome: PlanOutcome, finished: list[WorkItem],
                 num_running: int) -> CycleRecord:
     """The record of a completed plan (timing fields the scheduler fills in)."""
     items = list(finished)
-    if isinstance(plan, SamplePlan):
-        items = list({it.request_id: it for it in (*plan.admit, *finished)}.values())
-        tokens = sum(it.num_tokens for it in plan.admit)
-    elif isinstance(plan, CyclePlan):
-        tokens = sum(it.num_tokens for it in plan.batch)
-    else:
-        tokens = 0
-    kind = ("cycle" if isinstance(plan, CyclePlan) else "control" if isinstance(plan, ControlPlan)
-            else "sample" if isinstance(plan, SamplePlan)
-            else "expire" if isinstance(plan, ExpirePlan) else "release")
+    tokens = 0
+    match plan:
+        case CyclePlan():
+            kind, tokens = "cycle", sum(it.num_tokens for it in plan.batch)
+        case SamplePlan():
+            kind, tokens = "sample", sum(it.num_tokens for it in plan.admit)
+            items = list({it.request_id: it for it in (*plan.admit, *finished)}.values())
+        case ControlPlan():
+            kind = "control"
+        case InstallPlan():
+            kind = "install"
+        case ExpirePlan():
+            kind = "expire"
+        case ReleasePlan():
+            kind = "release"
+        case _:
+            assert_never(plan)
     return CycleRecord(
         index=-1, kind=kind, started_at=time.monotonic() - outcome.engine_s,
         wall_time=time.time() - outcome.engine_s, engine_s=outcome.engine_s,
@@ -257,11 +290,29 @@ def plan_record(plan: Plan, outcome: PlanOutcome, finished: list[WorkItem],
         num_ops=len(items), num_tokens=tokens, num_running=num_running)
 
 
-def _started_items(plan: Plan) -> tuple[WorkItem, ...]:
-    if isinstance(plan, CyclePlan):
-        return plan.items
-    if isinstance(plan, ControlPlan):
-        return (plan.item,)
-    if isinstance(plan, SamplePlan):
-        return plan.admit
-    return ()
+def started_items(plan: Plan) -> tuple[WorkItem, ...]:
+    """The items a plan starts (their queue waits end when it is made)."""
+    match plan:
+        case CyclePlan():
+            return plan.items
+        case ControlPlan():
+            return (plan.item,)
+        case SamplePlan():
+            return plan.admit
+        case InstallPlan() | ExpirePlan() | ReleasePlan():
+            return ()
+        case _:
+            assert_never(plan)
+
+
+def work_class_of(plan: Plan) -> WorkClass | None:
+    """Which share of engine time a plan is charged to (None: upkeep, charged to nobody)."""
+    match plan:
+        case CyclePlan() | ControlPlan():
+            return "train"
+        case SamplePlan():
+            return "sample"
+        case InstallPlan() | ExpirePlan() | ReleasePlan():
+            return None
+        case _:
+            assert_never(plan)

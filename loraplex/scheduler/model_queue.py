@@ -15,9 +15,20 @@ Invariants (tinker-api.md §6.2):
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import assert_never
 
+from loraplex.domain.ops import (
+    Admitted,
+    CreateModelOp,
+    FailedOp,
+    LoadOp,
+    SampleOp,
+    SaveOp,
+    SnapshotOp,
+    WorkItem,
+)
+from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.errors import user_error
-from loraplex.scheduler.ops import Admitted, FailedOp, ForwardBackwardOp, OptimStepOp, WorkItem
 
 SEEN_MEMORY = 4096
 """How many finished seq_ids a queue remembers for dedupe (older retries are refused)."""
@@ -88,13 +99,16 @@ class ModelQueue:
         run: list[WorkItem] = []
         seq = self.next_seq
         while (item := self._pending.get(seq)) is not None:
-            if isinstance(item.op, OptimStepOp):
-                run.append(item)
-                break
-            if not isinstance(item.op, ForwardBackwardOp | FailedOp):
-                break
-            run.append(item)
-            seq += 1
+            match item.op:
+                case OptimStepWork():
+                    return [*run, item]
+                case ForwardBackwardWork() | FailedOp():
+                    run.append(item)
+                    seq += 1
+                case CreateModelOp() | LoadOp() | SaveOp() | SnapshotOp() | SampleOp():
+                    return run
+                case _:
+                    assert_never(item.op)
         return run
 
     def start(self, items: list[WorkItem], now: float) -> None:

@@ -14,8 +14,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from loraplex.config import SchedulerConfig
+from loraplex.domain.ops import WorkItem
+from loraplex.domain.work import OptimStepWork
 from loraplex.scheduler.fairness import DeficitRoundRobin
-from loraplex.scheduler.ops import OptimStepOp, WorkItem
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ class CyclePacker:
     def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig) -> PackedCycle:
         """Choose the cycle's ops from ``runs`` (model id → its non-empty ready run) under
         ``config.token_budget`` (``config.timeslice``: one model)."""
-        fwd = {m: [it for it in r if not isinstance(it.op, OptimStepOp)] for m, r in runs.items()}
+        fwd = {m: [it for it in r if not isinstance(it.op, OptimStepWork)]
+               for m, r in runs.items()}
         order = sorted(runs, key=lambda m: runs[m][0].enqueued_at)
         if config.timeslice:
             # Oldest head first: a model that just ran resubmits behind the ones still waiting.
@@ -69,7 +71,7 @@ class CyclePacker:
             items = fwd[model_id][: taken[model_id]]
             batch.extend(items)
             last = runs[model_id][-1]
-            if len(items) == len(fwd[model_id]) and isinstance(last.op, OptimStepOp):
+            if len(items) == len(fwd[model_id]) and isinstance(last.op, OptimStepWork):
                 optim.append(last)
                 items = [*items, last]
             if items:

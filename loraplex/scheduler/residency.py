@@ -11,8 +11,15 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import replace
 
+from loraplex.domain.ops import SampleOp, WorkItem
 from loraplex.errors import user_error
-from loraplex.scheduler.ops import SampleOp
+
+
+def sample_op(item: WorkItem) -> SampleOp:
+    """The sample request a sampling-queue item carries."""
+    if not isinstance(item.op, SampleOp):
+        raise AssertionError(f"{item.request_id}: {item.kind} in the sampling queue")
+    return item.op
 
 
 class AdapterResidency:

@@ -1,4 +1,5 @@
-"""Executes one plan against a `BatchExecutor`: the only module that calls the engine.
+"""Executes one plan against a `BatchExecutor` on the clock thread: the only module that calls
+the engine there (the IO threads' two calls live in `io_jobs`).
 
 Returns one outcome per finished work item (an engine result, or the `LoraplexError` that
 failed that item alone). An unexpected exception from an engine call is a bug: it is logged with
@@ -10,63 +11,54 @@ the batch call (it fails with the same error instead of stepping on partial grad
 
 from __future__ import annotations
 
-import logging
 import time
-import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar, assert_never
 
-from loraplex.domain.work import SaveWork
-from loraplex.errors import LoraplexError, ServerError
-from loraplex.scheduler.executor import BatchExecutor
-from loraplex.scheduler.ops import (
+from loraplex.domain.ops import (
+    ControlPlan,
     CreateModelOp,
+    CyclePlan,
+    ExpirePlan,
     FailedOp,
-    ForwardBackwardOp,
+    InstallPlan,
     LoadOp,
-    OptimStepOp,
-    ReleaseOp,
+    Plan,
+    ReleasePlan,
     SampleOp,
+    SamplePlan,
     SaveOp,
     SnapshotOp,
     WorkItem,
 )
-from loraplex.scheduler.plan import (
-    ControlPlan,
-    CyclePlan,
-    ExpirePlan,
-    Plan,
-    ReleasePlan,
-    SamplePlan,
-)
+from loraplex.domain.results import AdapterReady, ItemOutcome
+from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
+from loraplex.errors import LoraplexError, ServerError, server_bug
+from loraplex.scheduler.executor import BatchExecutor
 
-log = logging.getLogger("loraplex.scheduler")
+T = TypeVar("T")
 
 
 @dataclass
 class PlanOutcome:
-    """Per-request outcomes of one engine call and its wall time.
+    """Per-request outcomes of one plan and its engine time.
 
     Attributes:
         outcomes: request_id → engine result or LoraplexError, for items that finished.
+        install_errors: adapter id → why installing a sampler adapter failed.
         engine_s: seconds spent inside the executor.
         train_s, optim_s: a cycle's forward_backward and optim_step parts of ``engine_s``.
         bug: the server error raised for a whole-call failure of a sample step or a release
             (None when the call worked; a cycle's failed calls fail their own items instead).
     """
 
-    outcomes: dict[str, Any] = field(default_factory=dict)
+    outcomes: dict[str, ItemOutcome] = field(default_factory=dict)
+    install_errors: dict[str, LoraplexError] = field(default_factory=dict)
     engine_s: float = 0.0
     train_s: float = 0.0
     optim_s: float = 0.0
     bug: ServerError | None = None
-
-
-def server_bug(exc: BaseException, what: str) -> ServerError:
-    """Log ``exc`` with its traceback under a new error id; return the client-safe error."""
-    error_id = uuid.uuid4().hex[:12]
-    log.error("internal error %s during %s", error_id, what, exc_info=exc)
-    return ServerError(f"internal server error (error id {error_id})")
 
 
 def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
@@ -74,12 +66,6 @@ def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
     start = time.perf_counter()
     try:
         _dispatch(executor, plan, out)
-    except LoraplexError as exc:
-        # Only single-item calls may raise domain errors; they fail that item alone.
-        if not isinstance(plan, ControlPlan):
-            out.bug = server_bug(exc, f"{type(plan).__name__} raised a domain error")
-        else:
-            out.outcomes[plan.item.request_id] = exc
     except Exception as exc:  # a bug in the engine call: isolate it, keep the loop alive
         out.bug = server_bug(exc, type(plan).__name__)
     out.engine_s = time.perf_counter() - start
@@ -87,92 +73,119 @@ def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
 
 
 def _dispatch(executor: BatchExecutor, plan: Plan, out: PlanOutcome) -> None:
-    if isinstance(plan, CyclePlan):
-        _run_cycle(executor, plan, out)
-    elif isinstance(plan, SamplePlan):
-        admit = [_op(it, SampleOp).work for it in plan.admit]
-        for request_id, outcome in executor.sample_step(admit, plan.max_decode_steps):
-            out.outcomes[request_id] = outcome
-    elif isinstance(plan, ExpirePlan):
-        for item in plan.items:
-            out.outcomes[item.request_id] = plan.error
-    elif isinstance(plan, ReleasePlan):
-        for adapter_id in plan.adapter_ids:
-            executor.delete_adapter(adapter_id)
-    else:
-        out.outcomes[plan.item.request_id] = _control(executor, plan.item)
+    match plan:
+        case CyclePlan():
+            _run_cycle(executor, plan, out)
+        case ControlPlan():
+            out.outcomes[plan.item.request_id] = _control(executor, plan.item)
+        case SamplePlan():
+            admit = [sample_work(it) for it in plan.admit]
+            for request_id, outcome in executor.sample_step(admit, plan.max_decode_steps):
+                out.outcomes[request_id] = outcome
+        case InstallPlan():
+            _install(executor, plan, out)
+        case ExpirePlan():
+            for item in plan.items:
+                out.outcomes[item.request_id] = plan.error
+        case ReleasePlan():
+            for adapter_id in plan.adapter_ids:
+                executor.delete_adapter(adapter_id)
+        case _:
+            assert_never(plan)
 
 
 def _run_cycle(executor: BatchExecutor, plan: CyclePlan, out: PlanOutcome) -> None:
     """The batch's forward_backward call, then the optim_step call (see module docstring)."""
-    engine = [it for it in plan.batch if not isinstance(it.op, FailedOp)]
+    engine: list[tuple[WorkItem, ForwardBackwardWork]] = []
     for item in plan.batch:
-        if isinstance(item.op, FailedOp):
-            out.outcomes[item.request_id] = item.op.error
-    crashed: set[str] = set()
+        match item.op:
+            case FailedOp():
+                out.outcomes[item.request_id] = item.op.error
+            case ForwardBackwardWork():
+                engine.append((item, item.op))
+            case _:
+                raise AssertionError(f"{item.request_id}: {item.kind} in a cycle's batch")
+    crashed: set[str | None] = set()
     start = time.perf_counter()
     if engine:
-        error = _call(out, engine, lambda: executor.forward_backward(
-            [_op(it, ForwardBackwardOp).work for it in engine]), "forward_backward")
+        error = _call(out, engine, executor.forward_backward, "forward_backward")
         if error is not None:
-            crashed = {it.model_id for it in engine if it.model_id is not None}
+            crashed = {it.model_id for it, _ in engine}
             for item in plan.optim:
                 if item.model_id in crashed:
                     out.outcomes[item.request_id] = error
     out.train_s = time.perf_counter() - start
-    steps = [it for it in plan.optim if it.model_id not in crashed]
+    steps = [(it, optim_work(it)) for it in plan.optim if it.model_id not in crashed]
     start = time.perf_counter()
     if steps:
-        _call(out, steps, lambda: executor.optim_step(
-            [_op(it, OptimStepOp).work for it in steps]), "optim_step")
+        _call(out, steps, executor.optim_step, "optim_step")
     out.optim_s = time.perf_counter() - start
 
 
-def _call(out: PlanOutcome, items: list[WorkItem], call: Any, what: str) -> ServerError | None:
+def _call(out: PlanOutcome, items: Sequence[tuple[WorkItem, T]],
+          call: Callable[[list[T]], Sequence[ItemOutcome]], what: str) -> ServerError | None:
     """Run one batch call; a crash fails its items alone and is returned."""
     try:
-        outcomes = call()
+        outcomes = call([work for _, work in items])
         if len(outcomes) != len(items):
             raise RuntimeError(f"executor returned {len(outcomes)} outcomes for "
                                f"{len(items)} works")
     except Exception as exc:  # a bug in the engine call: isolate it, keep the loop alive
         error = server_bug(exc, what)
-        for item in items:
+        for item, _ in items:
             out.outcomes[item.request_id] = error
         return error
-    for item, outcome in zip(items, outcomes, strict=True):
+    for (item, _), outcome in zip(items, outcomes, strict=True):
         out.outcomes[item.request_id] = outcome
     return None
 
 
-def _control(executor: BatchExecutor, item: WorkItem) -> Any:
+def _control(executor: BatchExecutor, item: WorkItem) -> ItemOutcome:
     op = item.op
-    if isinstance(op, FailedOp):
-        return op.error
-    if isinstance(op, CreateModelOp):
-        return executor.create_adapter(op.run.model_id, op.run.lora)
-    if isinstance(op, LoadOp):
-        return executor.load_adapter(op.work)
-    if isinstance(op, SaveOp):
-        return executor.save_adapter(SaveWork(
-            adapter_id=op.model_id, directory=op.checkpoint.directory,
-            with_optimizer=op.with_optimizer, peft_export=True))
-    if isinstance(op, SnapshotOp):
-        return executor.snapshot_adapter(op.model_id, snapshot_adapter_id(item))
-    if isinstance(op, ReleaseOp):
-        for adapter_id in op.adapter_ids:
-            executor.delete_adapter(adapter_id)
-        return None
-    raise AssertionError(f"no control call for {type(op).__name__}")
+    try:
+        match op:
+            case FailedOp():
+                return op.error
+            case CreateModelOp():
+                executor.create_adapter(op.run.model_id, op.run.lora)
+                return AdapterReady(op.run.model_id)
+            case SnapshotOp():
+                adapter_id = op.adapter_id(item.request_id)
+                executor.snapshot_adapter(op.model_id, adapter_id)
+                return AdapterReady(adapter_id)
+            case LoadOp() | SaveOp() | ForwardBackwardWork() | OptimStepWork() | SampleOp():
+                raise AssertionError(f"{item.request_id}: {item.kind} is not a control op")
+            case _:
+                assert_never(op)
+    except LoraplexError as exc:  # a single-item call fails that item alone
+        return exc
 
 
-def snapshot_adapter_id(item: WorkItem) -> str:
-    """Engine id of the sampler version an ephemeral save creates (unique per request)."""
-    op = item.op
-    assert isinstance(op, SnapshotOp)
-    return op.sampler_id if op.kind == "snapshot" else f"{op.model_id}:inflight:{item.request_id}"
+def _install(executor: BatchExecutor, plan: InstallPlan, out: PlanOutcome) -> None:
+    for install in plan.installs:
+        try:
+            result = executor.install_adapter(install.adapter_id, install.prepared)
+        except LoraplexError as exc:
+            if install.item is None:
+                out.install_errors[install.adapter_id] = exc
+            else:
+                out.outcomes[install.item.request_id] = exc
+            continue
+        if install.item is not None:
+            out.outcomes[install.item.request_id] = result
 
 
-def _op(item: WorkItem, kind: type[Any]) -> Any:
-    assert isinstance(item.op, kind), f"{item.request_id}: {type(item.op).__name__} in wrong plan"
-    return item.op
+def sample_work(item: WorkItem) -> SampleWork:
+    match item.op:
+        case SampleOp():
+            return item.op.work
+        case _:
+            raise AssertionError(f"{item.request_id}: {item.kind} is not a sample")
+
+
+def optim_work(item: WorkItem) -> OptimStepWork:
+    match item.op:
+        case OptimStepWork():
+            return item.op
+        case _:
+            raise AssertionError(f"{item.request_id}: {item.kind} is not an optim step")

@@ -1,11 +1,11 @@
 """Sampling requests of every tenant: waiting → running in the engine's decode batch → done.
 
 Admission is bounded by a KV budget: a request reserves ``prompt + num_samples × max_new``
-tokens (its prompt KV is shared by its samples; ``max_new`` is ``max_tokens``, or the rest of
-the context when unset) from the moment it is admitted until it finishes, so what the engine
-is handed stays within ``kv_budget_tokens`` of worst-case sequences (the engine's own paging
-and preemption handle the rest) and the rest waits here, in fair order, not in the engine's
-FIFO. Waiting requests are admitted by deficit
+tokens (its prompt KV is shared by its samples; ``max_new`` is ``max_tokens`` clamped to the
+rest of the context, which is all a sequence can ever hold) from the moment it is admitted
+until it finishes, so what the engine is handed stays within ``kv_budget_tokens`` of
+worst-case sequences (the engine's own paging and preemption handle the rest) and the rest
+waits here, in fair order, not in the engine's FIFO. Waiting requests are admitted by deficit
 round-robin on that reservation across tenants, so one tenant's burst of rollouts cannot keep
 another tenant's requests out of the decode batch. A request larger than the whole budget is
 admitted alone once nothing else runs. Engine time of each decode step is shared by the
@@ -15,9 +15,11 @@ requests running in it, in proportion to their sequences.
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 
+from loraplex.domain.ops import WorkItem
 from loraplex.scheduler.fairness import DeficitRoundRobin
-from loraplex.scheduler.ops import SampleOp, WorkItem
+from loraplex.scheduler.residency import sample_op
 
 
 class SampleQueue:
@@ -41,12 +43,11 @@ class SampleQueue:
 
     def reservation(self, item: WorkItem) -> int:
         """KV tokens ``item`` may occupy while it runs."""
-        op = item.op
-        assert isinstance(op, SampleOp)
+        op = sample_op(item)
         prompt = len(op.work.prompt)
+        room = max(1, self.max_context - prompt)
         max_new = op.work.params.max_tokens
-        if max_new is None:
-            max_new = max(1, self.max_context - prompt)
+        max_new = room if max_new is None else min(max_new, room)
         return prompt + op.work.num_samples * max_new
 
     def add(self, item: WorkItem) -> None:
@@ -69,21 +70,36 @@ class SampleQueue:
     def running_by_tenant(self) -> Counter[str]:
         return Counter(item.tenant for item in self._running.values())
 
-    def admit(self) -> list[WorkItem]:
-        """Move the requests that fit in the KV budget from waiting to running."""
+    def waiting_items(self) -> list[WorkItem]:
+        return [item for queue in self._waiting.values() for item in queue]
+
+    def admit(self, is_ready: Callable[[WorkItem], bool] = lambda item: True
+              ) -> list[WorkItem]:
+        """Move the ready requests that fit in the KV budget from waiting to running (a
+        request waiting for its adapter to be read is skipped, not blocking its tenant)."""
         room = self.kv_budget_tokens - self.num_reserved
-        chosen = self._fairness.select(self._waiting, room, allow_oversize=not self._running)
+        ready = {t: [it for it in q if is_ready(it)] for t, q in self._waiting.items()}
+        chosen = self._fairness.select(ready, room, allow_oversize=not self._running)
         for item in chosen:
-            queue = self._waiting[item.tenant]
-            assert queue[0] is item
-            queue.popleft()
-            if not queue:
-                del self._waiting[item.tenant]
+            self._remove_waiting(item)
             self._running[item.request_id] = item
             self._reserved[item.request_id] = self.reservation(item)
             self._engine_s[item.request_id] = 0.0
             self.num_reserved += self._reserved[item.request_id]
         return chosen
+
+    def take_waiting(self, matches: Callable[[WorkItem], bool]) -> list[WorkItem]:
+        """Remove and return the waiting requests ``matches`` selects (to fail them)."""
+        taken = [it for it in self.waiting_items() if matches(it)]
+        for item in taken:
+            self._remove_waiting(item)
+        return taken
+
+    def _remove_waiting(self, item: WorkItem) -> None:
+        queue = self._waiting[item.tenant]
+        queue.remove(item)
+        if not queue:
+            del self._waiting[item.tenant]
 
     def charge(self, engine_s: float) -> None:
         """Share one decode step's engine time among the running requests by sequences."""
@@ -105,6 +121,4 @@ class SampleQueue:
 
 
 def _num_sequences(item: WorkItem) -> int:
-    op = item.op
-    assert isinstance(op, SampleOp)
-    return max(1, op.work.num_samples)
+    return max(1, sample_op(item).work.num_samples)

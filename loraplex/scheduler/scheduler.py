@@ -9,11 +9,17 @@ earlier op of the model finished; a save / load / create / snapshot runs alone, 
 earlier ops of its model; sampling requests have no order.
 
 Policy (`_plan_locked`, the one place it lives):
-1. Releases of unused adapters first, then ops stuck behind a seq_id missing for longer than
-   ``seq_gap_timeout_s`` (they fail with a user error; the missing id is skipped).
-2. Training and sampling share the engine by engine time (`EngineShare`): while both have
+1. Saves and loads at a model's head start on an IO thread (`io_workers`): the file work
+   (write, encrypt, commit; read) never runs on the clock thread, so other models' cycles go
+   on meanwhile; the model stays busy until it is done, so its order is kept. A checkpoint
+   read ends in an `InstallPlan` (putting the tensors into the engine is clock-thread work).
+   Samples of a checkpoint whose adapter is not resident get it read the same way and wait
+   (without holding back their tenant's other samples) until it is installed.
+2. Then releases of unused adapters, installs, and ops stuck behind a seq_id missing for longer
+   than ``seq_gap_timeout_s`` (they fail with a user error; the missing id is skipped).
+3. Training and sampling share the engine by engine time (`EngineShare`): while both have
    work, sampling gets ``sample_share`` of it and training the rest; alone, either gets all.
-3. Training work is a clock cycle or one control op; they alternate when both are ready.
+4. Training work is a clock cycle or one control op; they alternate when both are ready.
    A **clock cycle** is one engine ``forward_backward`` call packing the ready forward /
    forward_backward ops of many models — for each model its *run*: several consecutive ops
    (a call's chunks) when no optim_step / save / load sits between them — chosen by deficit
@@ -21,11 +27,12 @@ Policy (`_plan_locked`, the one place it lives):
    for every model whose run ended in an optim_step (or whose head is one). So a
    forward_backward and the optim_step submitted right after it complete in the same cycle:
    a pipelined client needs one cycle per step. ``timeslice`` packs one model per cycle.
-4. A sampling step admits waiting requests by deficit round-robin over tenants while their KV
+5. A sampling step admits waiting requests by deficit round-robin over tenants while their KV
    reservations fit ``sample_kv_budget_tokens`` (`SampleQueue`), then decodes every running
    sequence for up to ``decode_steps_per_cycle`` steps; requests join and leave between steps.
 Admission: a tenant with ``max_inflight_per_tenant`` queued or running ops gets CapacityError
 (HTTP 429) for new samples and for training ops that do not fill the gap its queue waits on.
+Finishing an op (`Completion`) applies its effects, resolves its future and meters it.
 """
 
 from __future__ import annotations
@@ -35,39 +42,38 @@ import time
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from functools import partial
 
 from loraplex.config import SchedulerConfig
-from loraplex.errors import CapacityError, LoraplexError, NotFoundError, user_error
-from loraplex.scheduler.effects import Effects
-from loraplex.scheduler.engine_share import EngineShare, WorkClass
-from loraplex.scheduler.executor import BatchExecutor
-from loraplex.scheduler.futures import FutureStore
-from loraplex.scheduler.metrics import SchedulerMetrics
-from loraplex.scheduler.model_queue import ModelQueue
-from loraplex.scheduler.ops import (
+from loraplex.domain.ops import (
     Admitted,
-    CreateModelOp,
-    ForwardBackwardOp,
-    LoadOp,
-    OptimStepOp,
-    SampleOp,
-    SnapshotOp,
-    WorkItem,
-)
-from loraplex.scheduler.packer import CyclePacker
-from loraplex.scheduler.plan import (
     ControlPlan,
     CyclePlan,
     ExpirePlan,
+    Install,
+    InstallPlan,
     Plan,
+    PlanStart,
     ReleasePlan,
     SamplePlan,
+    WorkItem,
+    does_file_work,
+    new_run_of,
 )
-from loraplex.scheduler.residency import AdapterResidency
-from loraplex.scheduler.runner import PlanOutcome, server_bug, snapshot_adapter_id
+from loraplex.errors import CapacityError, NotFoundError, user_error
+from loraplex.scheduler.completion import Completion
+from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.engine_share import EngineShare
+from loraplex.scheduler.executor import BatchExecutor
+from loraplex.scheduler.futures import FutureStore
+from loraplex.scheduler.io_workers import IoWorkers, Job, ThreadedIo
+from loraplex.scheduler.metrics import SchedulerMetrics, work_class_of
+from loraplex.scheduler.model_queue import ModelQueue
+from loraplex.scheduler.packer import CyclePacker
+from loraplex.scheduler.residency import AdapterResidency, sample_op
+from loraplex.scheduler.runner import PlanOutcome
 from loraplex.scheduler.sample_queue import SampleQueue
-from loraplex.scheduler.usage import OpUsage, UsageLog, engine_shares, op_usage
+from loraplex.scheduler.usage import UsageLog
 
 SAMPLE_DEDUPE_MEMORY = 65536
 
@@ -81,32 +87,37 @@ class Scheduler:
         futures: the server-wide future store.
         effects: store side effects of finished ops.
         clock: monotonic seconds (tests inject their own).
+        io: where saves and checkpoint reads run (default: ``config.io_threads`` threads).
     """
 
     def __init__(self, executor: BatchExecutor, config: SchedulerConfig, futures: FutureStore,
-                 effects: Effects, clock: Callable[[], float] = time.monotonic) -> None:
+                 effects: Effects, clock: Callable[[], float] = time.monotonic,
+                 io: IoWorkers | None = None) -> None:
         self.executor = executor
         self.config = config
         self.futures = futures
-        self.effects = effects
         self.usage = UsageLog()
         self.metrics = SchedulerMetrics(config.cycle_history, clock)
+        self.io = io or ThreadedIo(config.io_threads)
         self._clock = clock
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
+        self._generation = 0  # bumped by every wake-up, so a waiter never misses one
         self._queues: dict[str, ModelQueue] = {}
         self._closing: set[str] = set()
         self._samples = SampleQueue(config.sample_kv_budget_tokens, config.quantum_tokens,
                                     executor.model_info().max_context)
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
         self._inflight: Counter[str] = Counter()
-        self._tokens_since_step: Counter[str] = Counter()
         self._packer = CyclePacker(config.quantum_tokens)
         self._share = EngineShare(config.sample_share)
         self._last_training = "control"
-        self._plan_class: dict[int, WorkClass] = {}
+        self._installs: list[Install] = []
+        self._reading: set[str] = set()  # sampler adapters being read or waiting to install
+        self._jobs: list[Job] = []  # IO jobs to submit once the lock is released
         self.residency = AdapterResidency(config.max_sampler_snapshots_per_model,
                                           config.max_checkpoint_samplers)
+        self._done = Completion(self, effects)
 
     # ---- submission (event-loop thread) -------------------------------------------------
 
@@ -135,16 +146,14 @@ class Scheduler:
                 return duplicate
             self._inflight[item.tenant] += 1
             self.futures.create(item.request_id, item.tenant, item.kind)
-            self._wakeup.notify()
+            self.notify_locked()
         return admitted
 
     def _offer_training(self, item: WorkItem, admitted: Admitted) -> Admitted | None:
         model_id, seq = item.model_id, item.seq_id
         assert model_id is not None and seq is not None
         queue = self._queues.get(model_id)
-        op = item.op
-        new_run = op.run if isinstance(op, CreateModelOp) else (
-            op.new_run if isinstance(op, LoadOp) else None)
+        new_run = new_run_of(item.op)
         if queue is None and new_run is not None:
             queue = self._queues[model_id] = ModelQueue(
                 model_id, item.tenant, base_model=new_run.base_model, now=item.enqueued_at)
@@ -165,8 +174,7 @@ class Scheduler:
             return item, self._sample_seen[key]
         if self._over_limit(item.tenant):
             raise CapacityError(f"tenant has {self._inflight[item.tenant]} ops in flight; retry")
-        assert isinstance(item.op, SampleOp)
-        item = replace(item, op=self.residency.bind(item.op))
+        item = replace(item, op=self.residency.bind(sample_op(item)))
         self._samples.add(item)
         if key is not None:
             self._sample_seen[key] = admitted
@@ -192,7 +200,7 @@ class Scheduler:
         with self._lock:
             if model_id in self._queues:
                 self._closing.add(model_id)
-                self._wakeup.notify()
+                self.notify_locked()
 
     def queue_state(self, tenant: str) -> str:
         """The SDK's queue state for the tenant's pending futures (tinker-api.md §4.2)."""
@@ -225,16 +233,22 @@ class Scheduler:
     # ---- the state machine (clock thread) -------------------------------------------------
 
     def wait_for_plan(self, timeout: float) -> Plan | None:
-        with self._lock:
-            plan = self._plan_locked()
-            if plan is None:
-                self._wakeup.wait(timeout)
-                plan = self._plan_locked()
+        """The next plan, sleeping up to ``timeout`` for a wake-up when there is none."""
+        plan, generation = self._plan_and_submit(None)
+        if plan is not None:
             return plan
+        with self._lock:
+            if self._generation == generation:
+                self._wakeup.wait(timeout)
+        return self.plan()
 
     def wake(self) -> None:
         with self._lock:
-            self._wakeup.notify_all()
+            self.notify_locked()
+
+    def close(self) -> None:
+        """Let the saves and reads in progress finish (the clock loop has stopped)."""
+        self.io.close()
 
     def plan(self, now: float | None = None) -> Plan | None:
         """The next engine call, its items marked started; None when there is nothing to do.
@@ -242,26 +256,69 @@ class Scheduler:
         Args:
             now: the caller's clock (defaults to the scheduler's; the gap timeout reads it).
         """
-        with self._lock:
-            return self._plan_locked(now)
+        return self._plan_and_submit(now)[0]
+
+    def _plan_and_submit(self, now: float | None) -> tuple[Plan | None, int]:
+        """Plan under the lock, then hand the IO jobs planning started to the IO workers
+        (inline workers run them now, which may make a plan: then plan again)."""
+        while True:
+            with self._lock:
+                plan = self._plan_locked(now)
+                jobs, self._jobs = self._jobs, []
+                generation = self._generation
+            for job in jobs:
+                self.io.submit(job)
+            if plan is not None or not jobs:
+                return plan, generation
 
     def _plan_locked(self, now: float | None = None) -> Plan | None:
         began = time.perf_counter()
         now = self._clock() if now is None else now
-        work_class: WorkClass | None = None
-        plan: Plan | None = self._release_plan() or self._expire_plan(now)
+        self._start_io(now)
+        plan: Plan | None = (self._release_plan() or self._install_plan()
+                             or self._expire_plan(now))
         if plan is None:
-            work_class = self._share.pick(self._has_training(), self._samples.has_work())
+            work_class = self._share.pick(self._has_training(), self._sample_ready())
             if work_class == "train":
                 plan = self._build_training(now)
             elif work_class == "sample":
                 plan = self._build_sample()
         if plan is None:
             return None
-        if work_class is not None:
-            self._plan_class[id(plan)] = work_class
-        self.metrics.plan_started(plan, now, time.perf_counter() - began)
-        return plan
+        start = PlanStart(now, self.metrics.idle_since(now), time.perf_counter() - began)
+        return replace(plan, start=start)
+
+    def _start_io(self, now: float) -> None:
+        """Start the saves and loads at models' heads, and the checkpoint reads that waiting
+        samples need, on IO threads (policy 1)."""
+        for queue in self._queues.values():
+            head = queue.head()
+            if head is not None and does_file_work(head.op):
+                queue.start([head], now)
+                self._jobs.append(partial(self._done.run_io_op, head, now))
+        for item in self._samples.waiting_items():
+            work = sample_op(item).work
+            if (self._needs_read(item) and work.adapter_id is not None
+                    and work.adapter_dir is not None):
+                self._reading.add(work.adapter_id)
+                self._jobs.append(partial(self._done.read_sampler_adapter, work.adapter_id,
+                                          work.adapter_dir))
+
+    def _needs_read(self, item: WorkItem) -> bool:
+        op = sample_op(item)
+        adapter_id = op.work.adapter_id
+        return (op.source == "checkpoint" and adapter_id is not None
+                and op.work.adapter_dir is not None and adapter_id not in self._reading
+                and not self.executor.has_adapter(adapter_id))
+
+    def _is_ready(self, item: WorkItem) -> bool:
+        """A waiting sample may be admitted: its adapter is resident (or needs no reading)."""
+        adapter_id = sample_op(item).work.adapter_id
+        return adapter_id not in self._reading and not self._needs_read(item)
+
+    def _sample_ready(self) -> bool:
+        return self._samples.num_running() > 0 or any(
+            self._is_ready(it) for it in self._samples.waiting_items())
 
     def _release_plan(self) -> ReleasePlan | None:
         released = self.residency.take_releasable()
@@ -274,6 +331,10 @@ class Scheduler:
                 released.append(model_id)
                 released.extend(self.residency.take_releasable())
         return ReleasePlan(tuple(released)) if released else None
+
+    def _install_plan(self) -> InstallPlan | None:
+        installs, self._installs = self._installs, []
+        return InstallPlan(tuple(installs)) if installs else None
 
     def _expire_plan(self, now: float) -> ExpirePlan | None:
         timeout = self.config.seq_gap_timeout_s
@@ -300,7 +361,7 @@ class Scheduler:
         if control and (not runs or self._last_training == "cycle"):
             self._last_training = "control"
             item = min(control, key=lambda h: h.enqueued_at)
-            self._start([item], now)
+            self.queue_of(item).start([item], now)
             return ControlPlan(item)
         self._last_training = "cycle"
         return self._build_cycle(runs, now)
@@ -312,122 +373,58 @@ class Scheduler:
         return CyclePlan(packed.batch, packed.optim)
 
     def _build_sample(self) -> SamplePlan:
-        admit = self._samples.admit()
+        admit = self._samples.admit(self._is_ready)
         for item in admit:
-            assert isinstance(item.op, SampleOp)
-            self.residency.admit(item.op)
+            self.residency.admit(sample_op(item))
         return SamplePlan(tuple(admit), self.config.decode_steps_per_cycle)
-
-    def _start(self, items: list[WorkItem], now: float) -> None:
-        for item in items:
-            assert item.model_id is not None
-            self._queues[item.model_id].start([item], now)
 
     def complete(self, plan: Plan, outcome: PlanOutcome) -> None:
         """Apply the outcome of ``plan``: effects, futures, queue advance, usage, metrics."""
         began = time.perf_counter()
-        finished = self._finish_items(plan, outcome)
-        usage = [self._deliver(item, result, engine_s, base_model)
-                 for item, result, engine_s, base_model in finished]
+        finished = self._done.finish_plan(plan, outcome)
+        usage = [self._done.deliver(f) for f in finished]
         self.usage.add(usage)
         with self._lock:
-            work_class = self._plan_class.pop(id(plan), None)
+            work_class = work_class_of(plan)
             if work_class is not None:
                 self._share.charge(work_class, outcome.engine_s)
             num_running = self._samples.num_running()
-        self.metrics.plan_done(plan, outcome, [f[0] for f in finished], usage, num_running,
+        if isinstance(plan, InstallPlan):
+            self._done.installed_sampler_adapters(plan, outcome)
+        self.metrics.plan_done(plan, outcome, [f.item for f in finished], usage, num_running,
                                time.perf_counter() - began)
 
-    def _finish_items(self, plan: Plan, outcome: PlanOutcome
-                      ) -> list[tuple[WorkItem, Any, float, str | None]]:
-        """Advance queues and counters; returns (item, outcome, engine seconds, base model)."""
-        with self._lock:
-            if isinstance(plan, SamplePlan):
-                return self._finish_samples(outcome)
-            if isinstance(plan, ReleasePlan):
-                return []
-            items = [plan.item] if isinstance(plan, ControlPlan) else list(plan.items)
-            shares = engine_shares(plan, outcome)
-            finished = []
-            for item in items:
-                result = outcome.bug or outcome.outcomes.get(item.request_id)
-                if result is None and not isinstance(plan, ControlPlan):
-                    result = server_bug(RuntimeError("executor dropped a work item"), "complete")
-                assert item.model_id is not None
-                queue = self._queues[item.model_id]
-                queue.finish_one()
-                self._done(item.tenant)
-                finished.append((item, result, shares.get(item.request_id, 0.0),
-                                 queue.base_model))
-            return finished
+    # ---- state shared with `Completion` (always under the lock) ------------------------
 
-    def _finish_samples(self, outcome: PlanOutcome
-                        ) -> list[tuple[WorkItem, Any, float, str | None]]:
-        self._samples.charge(outcome.engine_s)
-        ids = self._samples.running_ids() if outcome.bug else list(outcome.outcomes)
-        finished = []
-        for rid in ids:
-            done = self._samples.finish(rid)
-            if done is None:
-                continue
-            item, engine_s = done
-            assert isinstance(item.op, SampleOp)
-            if item.op.work.adapter_id is not None:
-                self.residency.release(item.op.work.adapter_id)
-            self._done(item.tenant)
-            finished.append((item, outcome.bug or outcome.outcomes[rid], engine_s,
-                             item.op.base_model))
-        return finished
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
 
-    def _done(self, tenant: str) -> None:
+    def now(self) -> float:
+        """The scheduler's clock (monotonic seconds; what ``enqueued_at`` is measured on)."""
+        return self._clock()
+
+    def queue_of(self, item: WorkItem) -> ModelQueue:
+        assert item.model_id is not None
+        return self._queues[item.model_id]
+
+    @property
+    def samples(self) -> SampleQueue:
+        return self._samples
+
+    def add_install(self, install: Install) -> None:
+        self._installs.append(install)
+        self.notify_locked()
+
+    def done_reading(self, adapter_id: str) -> None:
+        self._reading.discard(adapter_id)
+        self.notify_locked()
+
+    def op_done(self, tenant: str) -> None:
         self._inflight[tenant] -= 1
         if self._inflight[tenant] <= 0:
             del self._inflight[tenant]
 
-    def _deliver(self, item: WorkItem, result: Any, engine_s: float,
-                 base_model: str | None) -> OpUsage:
-        usage = op_usage(item, result, engine_s, base_model)
-        if isinstance(result, LoraplexError):
-            self._fail(item, result)
-            return usage
-        try:
-            value = self.effects.succeeded(
-                item, result, engine_adapter=self._after_success(item),
-                trained_tokens=self._step_tokens(item))
-        except LoraplexError as exc:
-            self._fail(item, exc)
-            return replace(usage, failed=True)
-        except Exception as exc:  # a store failure must not kill the clock loop
-            self._fail(item, server_bug(exc, f"effects of {item.kind}"))
-            return replace(usage, failed=True)
-        self.futures.resolve(item.request_id, value)
-        return usage
-
-    def _after_success(self, item: WorkItem) -> str | None:
-        """Scheduler-side bookkeeping of a success; returns a snapshot's engine adapter id."""
-        op = item.op
-        if isinstance(op, ForwardBackwardOp) and not op.work.forward_only:
-            with self._lock:
-                self._tokens_since_step[op.work.adapter_id] += op.work.num_tokens
-        if not isinstance(op, SnapshotOp):
-            return None
-        adapter_id = snapshot_adapter_id(item)
-        with self._lock:
-            self.residency.add_snapshot(op.model_id, adapter_id, inflight=op.kind == "inflight")
-        return adapter_id
-
-    def _step_tokens(self, item: WorkItem) -> int:
-        if not isinstance(item.op, OptimStepOp):
-            return 0
-        with self._lock:
-            return self._tokens_since_step.pop(item.op.work.adapter_id, 0)
-
-    def _fail(self, item: WorkItem, error: LoraplexError) -> None:
-        op = item.op
-        if item.model_id is not None and (isinstance(op, CreateModelOp) or (
-                isinstance(op, LoadOp) and op.new_run is not None)):
-            self.release_model(item.model_id)  # the run never came to life: drop its queue
-        try:
-            self.effects.failed(item, error)
-        finally:
-            self.futures.fail(item.request_id, error)
+    def notify_locked(self) -> None:
+        self._generation += 1
+        self._wakeup.notify_all()

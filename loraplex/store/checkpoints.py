@@ -15,9 +15,10 @@ import shutil
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from loraplex.domain.checkpoint import ReservedCheckpoint
 from loraplex.domain.ids import TinkerPath, validate_checkpoint_name
 from loraplex.errors import ConflictError, NotFoundError
 from loraplex.store.db import Database
@@ -56,17 +57,6 @@ class CheckpointRecord:
         return self.public or self.tenant == tenant
 
 
-@dataclass(frozen=True)
-class PendingCheckpoint:
-    """A directory reserved for one save; nothing is listed until `CheckpointStore.commit`."""
-
-    path: TinkerPath
-    tenant: str
-    directory: str
-    ttl_seconds: int | None
-    user_metadata: Mapping[str, str] = field(default_factory=dict)
-
-
 class CheckpointStore:
     """Checkpoint metadata in SQLite, files under ``root``."""
 
@@ -85,7 +75,7 @@ class CheckpointStore:
         ttl_seconds: int | None,
         overwrite: bool,
         user_metadata: Mapping[str, str] | None = None,
-    ) -> PendingCheckpoint:
+    ) -> ReservedCheckpoint:
         """Reserve a fresh directory for a save of ``path``.
 
         Raises:
@@ -106,9 +96,9 @@ class CheckpointStore:
         parent = os.path.join(self.root, path.run_id, path.kind)
         os.makedirs(parent, exist_ok=True)
         directory = os.path.join(parent, f"{path.name}.{secrets.token_hex(4)}")
-        return PendingCheckpoint(path, tenant, directory, ttl_seconds, dict(user_metadata or {}))
+        return ReservedCheckpoint(path, tenant, directory, ttl_seconds, dict(user_metadata or {}))
 
-    def commit(self, pending: PendingCheckpoint) -> CheckpointRecord:
+    def commit(self, pending: ReservedCheckpoint) -> CheckpointRecord:
         """Publish a written checkpoint, replacing an older one of the same name."""
         now = time.time()
         size = directory_size(pending.directory)
@@ -129,7 +119,7 @@ class CheckpointStore:
         assert record is not None
         return record
 
-    def abort(self, pending: PendingCheckpoint) -> None:
+    def abort(self, pending: ReservedCheckpoint) -> None:
         """Forget a failed save and remove whatever it wrote."""
         self._release(pending)
         shutil.rmtree(pending.directory, ignore_errors=True)
@@ -210,7 +200,7 @@ class CheckpointStore:
                         removed.append(directory)
         return removed
 
-    def _release(self, pending: PendingCheckpoint) -> None:
+    def _release(self, pending: ReservedCheckpoint) -> None:
         with self._lock:
             self._reserved.discard(str(pending.path))
 

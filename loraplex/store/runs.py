@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.training_run import TrainingRun
 from loraplex.errors import NotFoundError
 from loraplex.store.db import Database
 
@@ -36,68 +36,52 @@ CREATE INDEX IF NOT EXISTS runs_by_session ON training_runs (session_id);
 
 @dataclass(frozen=True)
 class TrainingRunRecord:
-    """One training run.
+    """One stored training run: its fixed facts and what happened to it since.
 
     Attributes:
-        lora: rank and targets (from create_model, or from the checkpoint for create-via-load).
-        optimizer_config: the Tinker ``optimizer_config`` echoed by get_info.
+        run: what it was created with (create_model, or create-via-load with the checkpoint's
+            LoRA config).
         num_steps, num_trained_tokens: optim steps applied and datum tokens trained on.
     """
 
-    model_id: str
-    tenant: str
-    session_id: str
-    base_model: str
-    lora: LoraConfig
-    optimizer_config: Mapping[str, Any]
-    user_metadata: Mapping[str, Any]
+    run: TrainingRun
     created_at: float
     last_request_time: float
     num_steps: int
     num_trained_tokens: int
 
 
-@dataclass(frozen=True)
-class RunIdentity:
-    """The fields of a run that never change after creation (cached: the hot path reads them
-    on every training request)."""
-
-    model_id: str
-    tenant: str
-    session_id: str
-    base_model: str
-    lora: LoraConfig
-
-
 class RunStore:
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._identities: dict[str, RunIdentity] = {}
+        self._identities: dict[str, TrainingRun] = {}
         self._lock = threading.Lock()
 
-    def identity(self, model_id: str, tenant: str, field: str = "model_id") -> RunIdentity:
-        """The tenant's run's identity; unknown / foreign ids raise NotFoundError."""
+    def identity(self, model_id: str, tenant: str, field: str = "model_id") -> TrainingRun:
+        """The tenant's run (its fixed facts, cached: the hot path reads them on every
+        training request); unknown / foreign ids raise NotFoundError."""
         with self._lock:
             cached = self._identities.get(model_id)
         if cached is None:
             record = self.find(model_id)
             if record is not None:
-                cached = RunIdentity(record.model_id, record.tenant, record.session_id,
-                                     record.base_model, record.lora)
+                cached = record.run
                 with self._lock:
                     self._identities[model_id] = cached
         if cached is None or cached.tenant != tenant:
             raise NotFoundError(f"{field}: no training run {model_id!r}", field=field)
         return cached
 
-    def insert(self, record: TrainingRunRecord) -> None:
+    def insert(self, run: TrainingRun) -> None:
+        """Record a run that just came to life (its counters start at zero)."""
+        now = time.time()
         self._db.execute(
             "INSERT OR REPLACE INTO training_runs (model_id, tenant, session_id, base_model,"
             " lora_config, optimizer_config, user_metadata, created_at, last_request_time)"
             " VALUES (?,?,?,?,?,?,?,?,?)",
-            (record.model_id, record.tenant, record.session_id, record.base_model,
-             json.dumps(_lora_json(record.lora)), json.dumps(dict(record.optimizer_config)),
-             json.dumps(dict(record.user_metadata)), record.created_at, record.last_request_time),
+            (run.model_id, run.tenant, run.session_id, run.base_model,
+             json.dumps(_lora_json(run.lora)), json.dumps(dict(run.optimizer_config)),
+             json.dumps(dict(run.user_metadata)), now, now),
         )
 
     def find(self, model_id: str) -> TrainingRunRecord | None:
@@ -107,7 +91,7 @@ class RunStore:
     def get(self, model_id: str, tenant: str, field: str = "model_id") -> TrainingRunRecord:
         """The tenant's run; an unknown or another tenant's id raises NotFoundError."""
         record = self.find(model_id)
-        if record is None or record.tenant != tenant:
+        if record is None or record.run.tenant != tenant:
             raise NotFoundError(f"{field}: no training run {model_id!r}", field=field)
         return record
 
@@ -151,11 +135,12 @@ def _lora_json(lora: LoraConfig) -> dict[str, Any]:
 
 
 def _record(row: Any) -> TrainingRunRecord:
-    return TrainingRunRecord(
+    run = TrainingRun(
         model_id=row["model_id"], tenant=row["tenant"], session_id=row["session_id"],
         base_model=row["base_model"], lora=LoraConfig(**json.loads(row["lora_config"])),
         optimizer_config=json.loads(row["optimizer_config"]),
-        user_metadata=json.loads(row["user_metadata"]), created_at=row["created_at"],
-        last_request_time=row["last_request_time"], num_steps=row["num_steps"],
-        num_trained_tokens=row["num_trained_tokens"],
-    )
+        user_metadata=json.loads(row["user_metadata"]))
+    return TrainingRunRecord(run, created_at=row["created_at"],
+                             last_request_time=row["last_request_time"],
+                             num_steps=row["num_steps"],
+                             num_trained_tokens=row["num_trained_tokens"])

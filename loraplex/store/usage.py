@@ -3,14 +3,15 @@
 The server folds finished ops into deltas in memory and adds them here in one transaction every
 few seconds (`UsageStore.add` upserts ``counter = counter + delta``), so no request pays for a
 SQLite write and the table grows with runs × kinds × hours, not with ops. Raw quantities only;
-pricing them is the reader's business (``loraplex.scheduler.billing``).
+pricing them is the reader's business (``loraplex.cost.billing``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, fields
 
+from loraplex.domain.usage import USAGE_COUNTERS, UsageCounts, UsageKey
 from loraplex.store.db import Database
 
 SCHEMA = """
@@ -35,58 +36,7 @@ CREATE TABLE IF NOT EXISTS usage (
 """
 
 
-@dataclass(frozen=True)
-class UsageKey:
-    """What a row of counters is about.
-
-    Attributes:
-        run_id: the training run (``""``: sampling the bare base model).
-        base_model: the served NAME.
-        kind: the op's Tinker request type (``ForwardBackward``, ``Forward``, ``Sample``, ...).
-        hour: start of the UTC hour the ops finished in (Unix seconds).
-    """
-
-    tenant: str
-    run_id: str
-    base_model: str
-    kind: str
-    hour: int
-
-
-@dataclass(frozen=True)
-class UsageCounts:
-    """Summed quantities.
-
-    Attributes:
-        num_ops, num_failed: ops finished, and how many of them failed (failures carry no
-            tokens, only the engine time they took).
-        engine_s: engine seconds attributed to the ops (a packed call is shared by tokens).
-        trained_tokens: datum tokens of forward_backward ops.
-        forward_tokens: datum tokens of forward-only ops.
-        prompt_tokens: prompt tokens of sample requests, once per request (what the engine
-            prefills; ``cache_hit_tokens`` of them came from its prefix cache).
-        rollout_prompt_tokens: prompt × num_samples: what per-rollout billing counts.
-        cache_hit_tokens: prompt tokens the engine served from its prefix cache.
-        sampled_tokens: generated tokens.
-        num_sequences: completions generated (Σ num_samples).
-    """
-
-    num_ops: int = 0
-    num_failed: int = 0
-    engine_s: float = 0.0
-    trained_tokens: int = 0
-    forward_tokens: int = 0
-    prompt_tokens: int = 0
-    rollout_prompt_tokens: int = 0
-    cache_hit_tokens: int = 0
-    sampled_tokens: int = 0
-    num_sequences: int = 0
-
-    def __add__(self, other: UsageCounts) -> UsageCounts:
-        return UsageCounts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
-
-
-COUNTERS = tuple(f.name for f in fields(UsageCounts))
+COUNTERS = USAGE_COUNTERS
 _KEYS = tuple(f.name for f in fields(UsageKey))
 
 

@@ -1,5 +1,6 @@
 """The observability endpoints after real SDK traffic: JSON stats (cycle records, tenants,
-utilization) and the Prometheus text at /metrics (a valid exposition with loraplex_ names)."""
+utilization) and the Prometheus text at /metrics (a valid exposition: read line by line and by
+prometheus-client's own parser)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,31 @@ from typing import Any
 
 import httpx
 import tinker
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.api.conftest import MODEL, Server
 from tests.api.test_training import ADAM, datum
 
 Make = Callable[..., tinker.ServiceClient]
-SAMPLE_LINE = re.compile(r'^(loraplex_[a-z_]+)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? '
-                         r"(-?[0-9.e+-]+|inf|nan)$")
+SAMPLE_LINE = re.compile(r'^([a-z_]+)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? '
+                         r"(-?[0-9.e+-]+|[+-]?Inf|NaN)$")
+SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
+
+
+def sample(families: dict[str, Any], name: str, **labels: str) -> float:
+    """The value of the sample ``name{labels}`` (label order does not matter)."""
+    values = [s.value for f in families.values() for s in f.samples
+              if s.name == name and s.labels == labels]
+    assert len(values) == 1, f"{name}{labels}: {values}"
+    return float(values[0])
+
+
+def _family(sample: str, typed: dict[str, str]) -> str:
+    """The family a sample belongs to (counters and histograms add suffixes to its name)."""
+    for suffix in SUFFIXES:
+        if sample.endswith(suffix) and sample.removesuffix(suffix) in typed:
+            return sample.removesuffix(suffix)
+    return sample
 
 
 def get(server: Server, path: str, key: str) -> httpx.Response:
@@ -66,7 +85,7 @@ def test_metrics_is_a_valid_prometheus_exposition(server: Server, service_client
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     typed: dict[str, str] = {}
     samples: dict[str, float] = {}
-    for line in response.text.splitlines():
+    for line in response.text.splitlines():  # the exposition format, line by line
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ")
             assert name not in typed, f"{name} declared twice"
@@ -74,11 +93,19 @@ def test_metrics_is_a_valid_prometheus_exposition(server: Server, service_client
         elif not line.startswith("# HELP "):
             match = SAMPLE_LINE.match(line)
             assert match, f"bad sample line {line!r}"
-            assert match.group(1) in typed, f"{match.group(1)} has no TYPE"
+            assert _family(match.group(1), typed) in typed, f"{match.group(1)} has no TYPE"
             samples[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
     assert typed["loraplex_engine_calls_total"] == "counter"
+    assert families["loraplex_engine_calls"].type == "counter"  # the parser drops "_total"
     assert typed["loraplex_engine_utilization"] == "gauge"
-    assert samples[f'loraplex_engine_calls_total{{model="{MODEL}",kind="cycle"}}'] >= 1
+    assert families["loraplex_op_latency_seconds"].type == "histogram"
+    assert "process_resident_memory_bytes" in families
+    assert sample(families, "loraplex_engine_calls_total", model=MODEL, kind="cycle") >= 1
     tenant = tenant_of(key)
-    assert samples[f'loraplex_tenant_tokens_total{{model="{MODEL}",tenant="{tenant}",'
-                   f'type="trained"}}'] == 3
+    assert sample(families, "loraplex_tenant_tokens_total", model=MODEL, tenant=tenant,
+                  type="trained") == 3
+    latency = {"model": MODEL, "kind": "ForwardBackward"}
+    assert sample(families, "loraplex_op_latency_seconds_count", **latency) == sample(
+        families, "loraplex_op_latency_seconds_bucket", **latency, le="+Inf") >= 1
+    assert len(samples) >= 20

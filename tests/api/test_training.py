@@ -45,7 +45,7 @@ def test_sft_loop_with_pipelined_chunked_steps_lowers_the_loss(
     assert losses[-1] < losses[0]
     # The chunks (seq 1-3, the first submitted last) were run in order, one engine call each.
     run = server.ctx.stores.runs.get(tc.model_id, server.ctx.stores.runs.find(
-        tc.model_id).tenant)  # type: ignore[union-attr]
+        tc.model_id).run.tenant)  # type: ignore[union-attr]
     assert run.num_steps == 4 and run.num_trained_tokens == 4 * 25
 
 

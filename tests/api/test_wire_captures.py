@@ -68,9 +68,9 @@ def test_captured_forward_backward_protobufs_decode_to_the_captured_values() -> 
         assert (msg.model_id, msg.seq_id, msg.loss_fn) == (
             view["model_id"], view["seq_id"], view["loss_fn"])
         assert msg.forward_only == view["forward_only"]
-        config = codec.loss_fn_config(msg)
+        config = msg.loss_fn_config
         assert config == {k: pytest.approx(v) for k, v in view["loss_fn_config"].items()}
-        for datum, expected in zip(codec.datums(msg), view["data"], strict=True):
+        for datum, expected in zip(msg.data, view["data"], strict=True):
             tokens = [t for c in expected["model_input"] for t in c["encoded_text"][
                 "tokens(int32 LE)"]]
             assert list(datum.tokens) == tokens

@@ -19,9 +19,9 @@ from benchmarks.cost_validation_predict import (
 )
 from benchmarks.cost_validation_report import write_markdown
 from benchmarks.probe import MachineProbe
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.flops import TrainingMethod
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model_card import ModelCard
 
 # N = q 64 + k 32 + v 32 + o 64 + MLP 3·128 + head 256 = 832 matmul params.
 # Σ r·(d_in + d_out) at r = 2: (16 + 12 + 12 + 16 + 24 + 24 + 24 + 40) · 2 = 336 (= adapter params).

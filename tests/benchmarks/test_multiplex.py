@@ -4,6 +4,7 @@ and one tiny run end to end against a real server process with two tenant proces
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from tqdm import tqdm
 
 from benchmarks.multiplex import Settings, derive
 from benchmarks.multiplex_pool import TenantPool
+from benchmarks.multiplex_report import figure
 from benchmarks.multiplex_run import RunSpec, Server, Snapshot, run_loop, summarize
 from benchmarks.multiplex_tenant import GrpoLoop, Job
 from benchmarks.peers.server_process import ServerProcess, free_port
@@ -123,3 +125,21 @@ def test_a_run_end_to_end_with_two_tenant_processes(tmp_path: Path, mode: str) -
     assert run["steps_in_window"] >= 4 and run["aggregate_tok_s"] > 0
     assert (run["sampled_tok_s"] > 0) == (mode == "grpo")
     assert run["train_cycles"]["count"] >= 2
+
+
+@pytest.mark.parametrize("ks", [(1, 2, 4, 8, 16), (2, 4, 8)])
+def test_plot_labels_k_as_plain_numbers(ks: tuple[int, ...]) -> None:
+    import matplotlib.pyplot as plt
+
+    result = json.loads((REPO / "benchmarks" / "results" / "multiplex.json").read_text())
+    for mode, rows in result["modes"].items():
+        result["modes"][mode] = [r for r in rows if r["k"] in ks]
+    fig = figure(result)
+    fig.canvas.draw()
+    try:
+        for ax in fig.axes:
+            assert [t.get_text() for t in ax.get_xticklabels()] == [str(k) for k in ks]
+            assert not [t for t in ax.get_xticklabels(minor=True) if t.get_text()]
+            assert all(t.get_text().replace(".", "").isdigit() for t in ax.get_yticklabels())
+    finally:
+        plt.close(fig)

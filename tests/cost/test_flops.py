@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.cost.cards.architecture import ModelCard
 from loraplex.cost.cards.models import get_model_card
 from loraplex.cost.flops import (
     TrainingMethod,
@@ -16,6 +15,7 @@ from loraplex.cost.flops import (
     training_flops,
 )
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model_card import ModelCard
 from loraplex.errors import UserError
 
 # L=2, hidden 8, 2 heads × 4, 1 KV head, MLP 16, vocab 10: matmul params 1,152 + 80 = 1,232;

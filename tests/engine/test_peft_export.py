@@ -96,4 +96,4 @@ def test_export_uses_the_cookbook_key_names_and_shapes(hf_model_factory, tmp_pat
     assert len(tensors) == 2 * (7 * spec.num_layers + 1)
     assert all(t.dtype == torch.float32 for t in tensors.values())
     a = engine.bank.get("a").weights["up_proj"]
-    assert torch.equal(tensors[f"{prefix}.layers.1.mlp.up_proj.lora_B.weight"], a.b_L_O_R[1])
+    assert torch.equal(tensors[f"{prefix}.layers.1.mlp.up_proj.lora_B.weight"], a.b_L_O_Rk[1])

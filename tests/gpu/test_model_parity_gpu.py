@@ -10,8 +10,8 @@ import torch
 
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.builtin.model import create_builtin_model
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.model.builtin import create_builtin_model
 from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput

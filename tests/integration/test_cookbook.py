@@ -157,9 +157,9 @@ def test_math_rl_recipe_sampler_and_trainer_agree(
 
 
 def test_cookbook_renderers_work_on_the_builtin_tokenizers(cookbook_python: str) -> None:
-    """`tests/engine/model/test_builtin_renderers.py` needs `tinker_cookbook`, which lives only
+    """`tests/engine/builtin/test_builtin_renderers.py` needs `tinker_cookbook`, which lives only
     in the cookbook venv (the project venv skips it): run it there."""
-    test_file = Path(__file__).resolve().parents[1] / "engine/model/test_builtin_renderers.py"
+    test_file = Path(__file__).resolve().parents[1] / "engine/builtin/test_builtin_renderers.py"
     done = subprocess.run([cookbook_python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(test_file)], cwd=Path(__file__).resolve().parents[2],
                           capture_output=True, text=True, timeout=600)

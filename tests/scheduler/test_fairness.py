@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from loraplex.domain.ops import CyclePlan
 from loraplex.scheduler.fairness import DeficitRoundRobin
-from loraplex.scheduler.plan import CyclePlan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
 from tests.scheduler.work_builders import create, datum, drain, fwd_bwd, make_scheduler, step

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from loraplex.domain.ops import ModelCreated
 from loraplex.errors import NotFoundError, ServerError, UserError
 from loraplex.scheduler.futures import FETCHED_GRACE_S, FutureStore
-from loraplex.scheduler.ops import ModelCreated
 from loraplex.store.stores import open_stores
 
 

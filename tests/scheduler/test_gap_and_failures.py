@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from loraplex.domain.ops import ExpirePlan
 from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
 from loraplex.errors import ServerError, UserError
-from loraplex.scheduler.plan import ExpirePlan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
 from tests.scheduler.work_builders import (

@@ -71,10 +71,10 @@ def test_each_plan_leaves_a_record_with_its_ops_tenants_tokens_and_idle_time(
     assert (cycle.engine_s, cycle.train_s, cycle.optim_s) == (0.25, 0.2, 0.05)
     alice, bob = s.metrics.tenants["alice"], s.metrics.tenants["bob"]
     assert alice.ops == {"CreateModel": 1, "ForwardBackward": 1, "OptimStep": 1}
-    assert (alice.trained_tokens, bob.trained_tokens) == (3, 5)
+    assert (alice.usage.trained_tokens, bob.usage.trained_tokens) == (3, 5)
     # The batch's 0.2 s is shared by tokens (3 : 5), alice's optim step takes the 0.05 s.
-    assert alice.engine_s - _create_s(s, "alice") == pytest.approx(0.2 * 3 / 8 + 0.05)
-    assert bob.engine_s - _create_s(s, "bob") == pytest.approx(0.2 * 5 / 8)
+    assert alice.usage.engine_s - _create_s(s, "alice") == pytest.approx(0.2 * 3 / 8 + 0.05)
+    assert bob.usage.engine_s - _create_s(s, "bob") == pytest.approx(0.2 * 5 / 8)
 
 
 def _create_s(s, tenant: str) -> float:  # type: ignore[no-untyped-def]

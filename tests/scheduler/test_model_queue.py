@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from loraplex.domain.ops import Admitted
 from loraplex.errors import UserError
 from loraplex.scheduler.model_queue import ModelQueue
-from loraplex.scheduler.ops import Admitted
 from tests.scheduler.work_builders import fwd_bwd
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from loraplex.domain.ops import CyclePlan, SamplePlan
 from loraplex.scheduler.engine_share import EngineShare
-from loraplex.scheduler.plan import CyclePlan, SamplePlan
 from loraplex.scheduler.runner import run_plan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from loraplex.domain.ops import CyclePlan, FailedOp, ModelCreated, Sampled, SamplePlan, WorkItem
 from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
 from loraplex.errors import CapacityError, NotFoundError, ServerError, UserError, user_error
-from loraplex.scheduler.ops import FailedOp, ModelCreated, Sampled, WorkItem
-from loraplex.scheduler.plan import CyclePlan, SamplePlan
 from loraplex.scheduler.runner import run_plan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
@@ -37,7 +36,7 @@ def test_create_model_resolves_and_records_the_run(toy: ToyExecutor, stores: Sto
     s.submit(item)
     drain(s)
     assert result(s, item) == ModelCreated("s1:train:0")
-    assert stores.runs.get("s1:train:0", "alice").lora.rank == 4
+    assert stores.runs.get("s1:train:0", "alice").run.lora.rank == 4
     assert toy.has_adapter("s1:train:0")
 
 
@@ -294,7 +293,8 @@ def test_usage_is_reported_per_op(toy: ToyExecutor, stores: Stores) -> None:
     s.submit(sample([2, 3, 4, 5], max_tokens=3))
     drain(s)
     ops = {u.kind: u for u in s.usage.drain_ops()}
-    assert ops["ForwardBackward"].trained_tokens == 3
-    assert ops["Forward"].forward_tokens == 2 and ops["Forward"].trained_tokens == 0
-    assert ops["Sample"].prompt_tokens == 4 and 1 <= ops["Sample"].sampled_tokens <= 3
-    assert all(u.engine_s >= 0 for u in ops.values())
+    assert ops["ForwardBackward"].counts.trained_tokens == 3
+    assert ops["Forward"].counts.forward_tokens == 2 and ops["Forward"].counts.trained_tokens == 0
+    assert (ops["Sample"].counts.prompt_tokens == 4
+            and 1 <= ops["Sample"].counts.sampled_tokens <= 3)
+    assert all(u.counts.engine_s >= 0 for u in ops.values())

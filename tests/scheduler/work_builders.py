@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import itertools
-import time
 from array import array
 
 from loraplex.config import SchedulerConfig
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.ops import CreateModelOp, SampleOp, WorkItem
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SamplingParams
+from loraplex.domain.training_run import TrainingRun
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
-from loraplex.scheduler.ops import (
-    CreateModelOp,
-    ForwardBackwardOp,
-    OptimStepOp,
-    SampleOp,
-    WorkItem,
-)
+from loraplex.scheduler.io_workers import InlineIo
 from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.scheduler import Scheduler
-from loraplex.store.runs import TrainingRunRecord
 from loraplex.store.stores import Stores
 
 _ids = itertools.count()
@@ -37,8 +31,9 @@ def make_scheduler(executor, stores: Stores, clock=None, **config) -> Scheduler:
     futures = FutureStore(ttl_s=3600, journal=stores.futures)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
     if clock is None:
-        return Scheduler(executor, SchedulerConfig(**config), futures, effects)
-    return Scheduler(executor, SchedulerConfig(**config), futures, effects, clock=clock)
+        return Scheduler(executor, SchedulerConfig(**config), futures, effects, io=InlineIo())
+    return Scheduler(executor, SchedulerConfig(**config), futures, effects, clock=clock,
+                     io=InlineIo())
 
 
 class FakeClock:
@@ -71,8 +66,8 @@ def datum(tokens: list[int], weight: float = 1.0) -> Datum:
 
 
 def create(model_id: str, tenant: str = "alice", rank: int = 4) -> WorkItem:
-    run = TrainingRunRecord(model_id, tenant, model_id.split(":")[0], "toy", LoraConfig(rank),
-                            {"type": "adamw"}, {}, time.time(), time.time(), 0, 0)
+    run = TrainingRun(model_id, tenant, model_id.split(":")[0], "toy", LoraConfig(rank),
+                      {"type": "adamw"}, {})
     return WorkItem(rid(), tenant, "CreateModel", CreateModelOp(run), model_id=model_id, seq_id=0)
 
 
@@ -82,13 +77,13 @@ def fwd_bwd(model_id: str, seq: int, data: list[Datum] | None = None, tenant: st
     work = ForwardBackwardWork(request_id, model_id, tuple(data or [datum([2, 3, 4, 5])]),
                                loss_fn, {}, forward_only)
     return WorkItem(request_id, tenant, "Forward" if forward_only else "ForwardBackward",
-                    ForwardBackwardOp(work), model_id=model_id, seq_id=seq)
+                    work, model_id=model_id, seq_id=seq)
 
 
 def optim(model_id: str, seq: int, tenant: str = "alice", lr: float = 0.1) -> WorkItem:
     request_id = rid()
     return WorkItem(request_id, tenant, "OptimStep",
-                    OptimStepOp(OptimStepWork(request_id, model_id, AdamParams(learning_rate=lr))),
+                    OptimStepWork(request_id, model_id, AdamParams(learning_rate=lr)),
                     model_id=model_id, seq_id=seq)
 
 
@@ -107,7 +102,7 @@ def sample(prompt: list[int], tenant: str = "alice", adapter_id: str | None = No
 def save(model_id: str, seq: int, stores: Stores, name: str, tenant: str = "alice") -> WorkItem:
     """A ``save_state`` op writing checkpoint ``name`` of ``model_id``."""
     from loraplex.domain.ids import TinkerPath
-    from loraplex.scheduler.ops import SaveOp
+    from loraplex.domain.ops import SaveOp
 
     pending = stores.checkpoints.allocate(TinkerPath(model_id, "weights", name), tenant,
                                           ttl_seconds=None, overwrite=False)

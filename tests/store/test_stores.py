@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.domain.training_run import TrainingRun
 from loraplex.errors import AuthError, NotFoundError, UserError
-from loraplex.store.runs import TrainingRunRecord
 from loraplex.store.stores import open_stores
 
 
@@ -39,10 +39,9 @@ def test_metadata_survives_reopening_the_data_dir(tmp_path: Path) -> None:
     stores = open_stores(str(tmp_path))
     session = stores.sessions.create("alice", tags=["t"], user_metadata={"a": 1},
                                      sdk_version="0.38.0")
-    now = time.time()
-    stores.runs.insert(TrainingRunRecord(f"{session.session_id}:train:0", "alice",
-                                         session.session_id, "Qwen/Qwen3-8B", LoraConfig(8),
-                                         {"type": "adamw"}, {"k": "v"}, now, now, 0, 0))
+    stores.runs.insert(TrainingRun(f"{session.session_id}:train:0", "alice",
+                                   session.session_id, "Qwen/Qwen3-8B", LoraConfig(8),
+                                   {"type": "adamw"}, {"k": "v"}))
     stores.runs.record_step(f"{session.session_id}:train:0", 12)
     secret = stores.secret
     stores.close()
@@ -51,13 +50,13 @@ def test_metadata_survives_reopening_the_data_dir(tmp_path: Path) -> None:
     assert again.secret == secret
     assert again.sessions.get(session.session_id, "alice").user_metadata == {"a": 1}
     run = again.runs.get(f"{session.session_id}:train:0", "alice")
-    assert (run.lora.rank, run.num_steps, run.num_trained_tokens) == (8, 1, 12)
+    assert (run.run.lora.rank, run.num_steps, run.num_trained_tokens) == (8, 1, 12)
     with pytest.raises(NotFoundError):
-        again.runs.get(run.model_id, "bob")
+        again.runs.get(run.run.model_id, "bob")
     with pytest.raises(NotFoundError):
         again.sessions.get(session.session_id, "bob")
     runs, total = again.runs.page("alice", include_public=False, limit=10, offset=0)
-    assert total == 1 and runs[0].user_metadata == {"k": "v"}
+    assert total == 1 and runs[0].run.user_metadata == {"k": "v"}
 
 
 def test_recorded_sequences_expire_unless_used(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loraplex.scheduler.usage import OpUsage, usage_deltas
+from loraplex.domain.usage import OpUsage
+from loraplex.scheduler.usage import usage_deltas
 from loraplex.store.db import Database
 from loraplex.store.stores import open_stores
 from loraplex.store.usage import SCHEMA, UsageCounts, UsageKey, UsageStore
@@ -14,7 +15,8 @@ HOUR = 3600 * 480_000  # some UTC hour boundary
 
 def op(tenant: str, kind: str, at: float, run: str | None = "s:train:0", **counts: int
        ) -> OpUsage:
-    return OpUsage(f"r{at}", tenant, kind, run, "Qwen/Qwen3-8B", at, 0.5, **counts)
+    return OpUsage(f"r{at}", tenant, kind, run, "Qwen/Qwen3-8B", at,
+                   UsageCounts(num_ops=1, engine_s=0.5, **counts))
 
 
 def test_deltas_fold_ops_per_tenant_run_model_kind_and_hour() -> None:

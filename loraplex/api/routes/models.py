@@ -3,36 +3,32 @@ tinker-api.md §5.1. The served NAME is echoed as ``model_name`` and ``tokenizer
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from loraplex.api import convert, schemas
 from loraplex.api.auth import Tenant
-from loraplex.api.context import ctx_of
+from loraplex.api.body import parse_body
 from loraplex.api.submission import new_request_id
 from loraplex.domain import ids
-from loraplex.scheduler.ops import CreateModelOp, WorkItem
-from loraplex.store.runs import TrainingRunRecord
+from loraplex.domain.ops import CreateModelOp, WorkItem
+from loraplex.domain.training_run import TrainingRun
 
 router = APIRouter(prefix="/api/v1")
 
 
 @router.post("/create_model")
 async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.CreateModelRequest, await request.body())
-    ctx = ctx_of(request)
+    ctx, body = await parse_body(request, schemas.CreateModelRequest)
     ctx.stores.sessions.get_open(body.session_id, tenant)
     served = ctx.catalog.get(body.base_model)
-    model_id = ids.model_id(body.session_id, body.model_seq_id)
-    now = time.time()
-    run = TrainingRunRecord(
-        model_id=model_id, tenant=tenant, session_id=body.session_id,
-        base_model=served.name, lora=convert.lora_config(body.lora_config),
+    model_id = ids.model_id(body.session_id, convert.model_seq_id(body.model_seq_id))
+    run = TrainingRun(
+        model_id=model_id, tenant=tenant, session_id=body.session_id, base_model=served.name,
+        lora=convert.lora_config(body.lora_config),
         optimizer_config=convert.optimizer_config(body.optimizer_config),
-        user_metadata=body.user_metadata or {}, created_at=now, last_request_time=now,
-        num_steps=0, num_trained_tokens=0)
+        user_metadata=body.user_metadata or {})
     item = WorkItem(new_request_id(), tenant, "CreateModel", CreateModelOp(run),
                     model_id=model_id, seq_id=0)
     admitted = served.scheduler.submit(item)
@@ -41,9 +37,8 @@ async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
 
 @router.post("/get_info")
 async def get_info(request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.GetInfoRequest, await request.body())
-    ctx = ctx_of(request)
-    run = ctx.stores.runs.get(body.model_id, tenant)
+    ctx, body = await parse_body(request, schemas.GetInfoRequest)
+    run = ctx.stores.runs.get(body.model_id, tenant).run
     arch = ctx.catalog.get(run.base_model).info.arch
     return {
         "type": "get_info", "model_id": run.model_id,

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request, Response
 from loraplex.api import convert, schemas
 from loraplex.api.access import owned_checkpoint
 from loraplex.api.auth import Tenant
+from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.errors import NotFoundError, user_error
 from loraplex.store.checkpoints import CheckpointRecord
@@ -40,7 +41,8 @@ def checkpoint_json(c: CheckpointRecord) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def run_json(ctx: ServerContext, run: TrainingRunRecord, tenant: str) -> dict[str, Any]:
+def run_json(ctx: ServerContext, record: TrainingRunRecord, tenant: str) -> dict[str, Any]:
+    run = record.run
     visible = [c for c in ctx.stores.checkpoints.list_for_run(run.model_id)
                if c.readable_by(tenant)]
     latest = {kind: max((c for c in visible if c.path.kind == kind),
@@ -49,7 +51,7 @@ def run_json(ctx: ServerContext, run: TrainingRunRecord, tenant: str) -> dict[st
     out: dict[str, Any] = {
         "training_run_id": run.model_id, "base_model": run.base_model,
         "model_owner": run.tenant, "is_lora": True, "corrupted": False,
-        "lora_rank": run.lora.rank, "last_request_time": iso(run.last_request_time),
+        "lora_rank": run.lora.rank, "last_request_time": iso(record.last_request_time),
         "user_metadata": {str(k): str(v) for k, v in run.user_metadata.items()},
     }
     if latest["weights"] is not None:
@@ -67,7 +69,7 @@ def _page(limit: int, offset: int) -> None:
 def _visible_run(ctx: ServerContext, run_id: str, tenant: str, accessible: bool
                  ) -> TrainingRunRecord:
     run = ctx.stores.runs.find(run_id)
-    if run is not None and (run.tenant == tenant or (accessible and any(
+    if run is not None and (run.run.tenant == tenant or (accessible and any(
             c.public for c in ctx.stores.checkpoints.list_for_run(run_id)))):
         return run
     raise NotFoundError(f"training_run_id: no training run {run_id!r}",
@@ -97,7 +99,7 @@ async def get_run(run_id: str, request: Request, tenant: Tenant,
 async def list_checkpoints(run_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx = ctx_of(request)
     run = _visible_run(ctx, run_id, tenant, accessible=True)
-    records = [c for c in ctx.stores.checkpoints.list_for_run(run.model_id)
+    records = [c for c in ctx.stores.checkpoints.list_for_run(run.run.model_id)
                if c.readable_by(tenant)]
     return {"checkpoints": [checkpoint_json(c) for c in records]}
 
@@ -111,36 +113,34 @@ async def list_user_checkpoints(request: Request, tenant: Tenant, limit: int = 1
             "cursor": {"offset": offset, "limit": limit, "total_count": total}}
 
 
+def _owned(request: Request, tenant: str, run_id: str, kind: str, name: str
+           ) -> tuple[ServerContext, CheckpointRecord]:
+    ctx = ctx_of(request)
+    return ctx, owned_checkpoint(ctx, tenant, run_id, kind, name)
+
+
 @router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
 async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request,
                             tenant: Tenant) -> Response:
-    ctx = ctx_of(request)
-    ctx.stores.checkpoints.delete(owned_checkpoint(ctx, tenant, run_id, kind, name))
+    ctx, record = _owned(request, tenant, run_id, kind, name)
+    ctx.stores.checkpoints.delete(record)
     return Response(status_code=204)
 
 
 @router.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
 async def publish(run_id: str, kind: str, name: str, request: Request,
                   tenant: Tenant) -> Response:
-    ctx = ctx_of(request)
-    ctx.stores.checkpoints.set_public(owned_checkpoint(ctx, tenant, run_id, kind, name), True)
-    return Response(status_code=204)
-
-
-@router.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
-async def unpublish(run_id: str, kind: str, name: str, request: Request,
-                    tenant: Tenant) -> Response:
-    ctx = ctx_of(request)
-    ctx.stores.checkpoints.set_public(owned_checkpoint(ctx, tenant, run_id, kind, name), False)
+    """POST publishes, DELETE unpublishes."""
+    ctx, record = _owned(request, tenant, run_id, kind, name)
+    ctx.stores.checkpoints.set_public(record, request.method == "POST")
     return Response(status_code=204)
 
 
 @router.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
 async def set_ttl(run_id: str, kind: str, name: str, request: Request,
                   tenant: Tenant) -> Response:
-    body = schemas.parse(schemas.SetCheckpointTtlRequest, await request.body())
-    ctx = ctx_of(request)
-    record = owned_checkpoint(ctx, tenant, run_id, kind, name)
+    ctx, body = await parse_body(request, schemas.SetCheckpointTtlRequest)
+    _, record = _owned(request, tenant, run_id, kind, name)
     ctx.stores.checkpoints.set_ttl(record, convert.ttl_seconds(body.ttl_seconds))
     return Response(status_code=204)
-

@@ -11,13 +11,15 @@ from fastapi import APIRouter, Request
 from loraplex.api import convert, schemas
 from loraplex.api.access import readable_checkpoint
 from loraplex.api.auth import Tenant
+from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.submission import new_request_id
 from loraplex.domain import ids
+from loraplex.domain.ops import SampleOp, WorkItem
+from loraplex.domain.tokens import check_token_range
 from loraplex.domain.work import SampleWork
 from loraplex.errors import user_error
 from loraplex.scheduler.catalog import ServedModel
-from loraplex.scheduler.ops import SampleOp, WorkItem
 from loraplex.store.samplers import SamplerRecord, new_record
 
 router = APIRouter(prefix="/api/v1")
@@ -46,8 +48,7 @@ def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
 
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.CreateSamplingSessionRequest, await request.body())
-    ctx = ctx_of(request)
+    ctx, body = await parse_body(request, schemas.CreateSamplingSessionRequest)
     ctx.stores.sessions.get_open(body.session_id, tenant)
     sampler_id = ids.sampling_session_id(body.session_id, body.sampling_session_seq_id)
     existing = ctx.stores.samplers.find(sampler_id)
@@ -69,8 +70,7 @@ async def get_sampler(sampler_id: str, request: Request, tenant: Tenant) -> dict
 
 @router.post("/asample")
 async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.SampleRequest, await request.body())
-    ctx = ctx_of(request)
+    ctx, body = await parse_body(request, schemas.SampleRequest)
     sampler = _sampler_for(ctx, tenant, body)
     served = ctx.catalog.get(sampler.base_model)
     request_id = new_request_id()
@@ -117,7 +117,7 @@ def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: Samp
                          f"needs prompt_logprobs and 1 ≤ n ≤ {len(prompt) - 1}")
     params = convert.sampling_params(body.sampling_params, body.num_samples)
     if params.stop.token_ids:
-        convert.check_vocab(params.stop.token_ids, served.info, "sampling_params.stop")
+        check_token_range(params.stop.token_ids, served.info.vocab_size, "sampling_params.stop")
     return SampleWork(
         request_id=request_id, adapter_id=sampler.adapter_id, adapter_dir=sampler.adapter_dir,
         prompt=prompt, num_samples=body.num_samples, params=params,

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 
 from loraplex.api import schemas
 from loraplex.api.auth import Tenant
+from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.errors import user_error
 
@@ -17,8 +18,8 @@ router = APIRouter(prefix="/api/v1")
 
 @router.post("/create_session")
 async def create_session(request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.CreateSessionRequest, await request.body())
-    record = ctx_of(request).stores.sessions.create(
+    ctx, body = await parse_body(request, schemas.CreateSessionRequest)
+    record = ctx.stores.sessions.create(
         tenant, tags=list(body.tags), user_metadata=body.user_metadata or {},
         sdk_version=body.sdk_version, project_id=body.project_id,
         display_name=body.display_name)
@@ -27,15 +28,14 @@ async def create_session(request: Request, tenant: Tenant) -> dict[str, Any]:
 
 @router.post("/session_heartbeat")
 async def heartbeat(request: Request, tenant: Tenant) -> dict[str, str]:
-    body = schemas.parse(schemas.SessionHeartbeatRequest, await request.body())
-    ctx_of(request).stores.sessions.heartbeat(body.session_id, tenant)
+    ctx, body = await parse_body(request, schemas.SessionHeartbeatRequest)
+    ctx.stores.sessions.heartbeat(body.session_id, tenant)
     return {"type": "session_heartbeat"}
 
 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
-    body = schemas.parse(schemas.SessionFinishRequest, await request.body())
-    ctx = ctx_of(request)
+    ctx, body = await parse_body(request, schemas.SessionFinishRequest)
     reason = str((body.reason or {}).get("type", "success"))
     ctx.stores.sessions.finish(session_id, tenant, reason)
     release_session(ctx, session_id)
@@ -46,7 +46,7 @@ def release_session(ctx: ServerContext, session_id: str) -> None:
     """Free the engine memory of a session's training runs (records and checkpoints stay)."""
     for run in ctx.stores.runs.for_session(session_id):
         for served in ctx.catalog:
-            served.scheduler.release_model(run.model_id)
+            served.scheduler.release_model(run.run.model_id)
 
 
 @router.get("/sessions")
@@ -64,7 +64,7 @@ async def get_session(session_id: str, request: Request, tenant: Tenant,
     stores = ctx_of(request).stores
     record = stores.sessions.get(session_id, tenant)
     return {
-        "training_run_ids": [r.model_id for r in stores.runs.for_session(session_id)],
+        "training_run_ids": [r.run.model_id for r in stores.runs.for_session(session_id)],
         "sampler_ids": [s.sampler_id for s in stores.samplers.for_session(session_id)],
         "user_metadata": {str(k): str(v) for k, v in record.user_metadata.items()},
         "display_name": record.display_name,

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ServerContext, ctx_of
+from loraplex.domain.usage import TOKEN_TYPES
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
 from loraplex.scheduler.scheduler import Scheduler
 
@@ -106,9 +107,8 @@ def tenant_stats(scheduler: Scheduler) -> dict[str, dict[str, Any]]:
     for tenant, c in scheduler.metrics.tenants_snapshot().items():
         out[tenant] = {
             "ops": dict(c.ops), "failed": dict(c.failed), "rejected": dict(c.rejected),
-            "engine_s": c.engine_s, "trained_tokens": c.trained_tokens,
-            "forward_tokens": c.forward_tokens, "prompt_tokens": c.prompt_tokens,
-            "cache_hit_tokens": c.cache_hit_tokens, "sampled_tokens": c.sampled_tokens,
+            "engine_s": c.usage.engine_s,
+            **{f"{t}_tokens": getattr(c.usage, f"{t}_tokens") for t in TOKEN_TYPES},
             "queue": depths.get(tenant, {}),
         }
     for tenant, depth in depths.items():

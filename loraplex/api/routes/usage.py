@@ -2,7 +2,7 @@
 
 Own tenant only: totals and a per-training-run breakdown (samples of the bare base model under
 ``run_id: null``), token counts, engine seconds per op kind, and the bill in both billing modes
-(``per_rollout``, ``cache_aware``; `loraplex.scheduler.billing`). Pending metered ops are
+(``per_rollout``, ``cache_aware``; `loraplex.cost.billing`). Pending metered ops are
 flushed first, so an op's usage shows as soon as its future completes. ``since`` (Unix
 seconds) limits it to the hours from then on.
 """
@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from loraplex.api import metering
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ctx_of
-from loraplex.scheduler.billing import Biller
+from loraplex.cost.billing import Biller
 
 router = APIRouter(prefix="/api/v1")
 

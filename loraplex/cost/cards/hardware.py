@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.cost.catalogue import look_up
 from loraplex.errors import user_error
 
 
@@ -52,24 +53,29 @@ class HardwareCard:
                             source="custom (measured)")
 
 
+# RunPod's per-GPU-hour list prices; deploybase keeps a dated copy of the table (2026-03-10).
+_RUNPOD_2026_03 = ("https://www.runpod.io/pricing; 2026-03 table at "
+                   "https://deploybase.ai/articles/runpod-gpu-pricing")
+
 HARDWARE_CARDS: dict[str, HardwareCard] = {card.name: card for card in (
     HardwareCard(
         "h100_sxm", peak_flops=989e12, hbm_bandwidth=3.35e12, hbm_bytes=80e9, usd_per_hour=2.69,
         source="NVIDIA H100 SXM datasheet (989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB); "
-               "$2.69/h = RunPod Community Cloud on-demand, checked 2026-09-25"),
+               "price: RunPod Community Cloud on-demand (https://www.runpod.io/pricing), checked "
+               "2026-09-25"),
     HardwareCard(
         "h200", peak_flops=989e12, hbm_bandwidth=4.8e12, hbm_bytes=141e9, usd_per_hour=3.59,
         source="NVIDIA H200 SXM datasheet (989 TFLOP/s dense bf16, 4.8 TB/s HBM3e, 141 GB); "
-               "price: typical 2026 on-demand rate, not from a dated sheet"),
+               f"price: RunPod's H200 rate ({_RUNPOD_2026_03})"),
     HardwareCard(
         "b200", peak_flops=2.25e15, hbm_bandwidth=8.0e12, hbm_bytes=180e9, usd_per_hour=5.99,
         source="NVIDIA HGX B200 datasheet (2.25 PFLOP/s dense bf16, 8 TB/s HBM3e, 180 GB "
-               "usable); price: typical 2026 on-demand rate, not from a dated sheet"),
+               f"usable); price: RunPod's B200 rate ({_RUNPOD_2026_03}, which lists $5.98)"),
     HardwareCard(
         "a100_80gb", peak_flops=312e12, hbm_bandwidth=2.039e12, hbm_bytes=80e9,
         usd_per_hour=1.39,
         source="NVIDIA A100 80GB SXM datasheet (312 TFLOP/s dense bf16, 2,039 GB/s HBM2e); "
-               "price: typical 2026 on-demand rate, not from a dated sheet"),
+               f"price: RunPod's A100 SXM 80GB rate ({_RUNPOD_2026_03})"),
 )}
 
 
@@ -79,7 +85,4 @@ def get_hardware_card(name: str) -> HardwareCard:
     Raises:
         UserError: unknown name; the message lists the known ones.
     """
-    card = HARDWARE_CARDS.get(name)
-    if card is None:
-        raise user_error("hardware", f"unknown hardware {name!r}; known: {sorted(HARDWARE_CARDS)}")
-    return card
+    return look_up(HARDWARE_CARDS, name, "hardware", "hardware")

@@ -2,17 +2,14 @@
 
 Each card cites the Hugging Face repo whose config.json it copies and the fields used; the
 derived parameter counts are checked against the publishers' headline numbers in
-tests/cost/cards/test_models.py. `card_from_model_info` builds a card for any model loraplex
-has loaded (e.g. a tiny test model), from its `ModelInfo`.
+tests/cost/cards/test_models.py. A model loraplex has loaded describes itself with a card of
+its own (`ModelInfo.card`, built by the engine from its config.json).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from loraplex.cost.cards.architecture import MlaSpec, ModelCard, MoeSpec
-from loraplex.domain.model import ModelInfo
-from loraplex.errors import user_error
+from loraplex.cost.catalogue import look_up
+from loraplex.domain.model_card import MlaSpec, ModelCard, MoeSpec
 
 _QWEN3_FIELDS = ("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
                  "num_key_value_heads, head_dim, vocab_size, tie_word_embeddings")
@@ -21,13 +18,30 @@ _DEEPSEEK_FIELDS = ("hidden_size, intermediate_size, moe_intermediate_size, num_
                     "num_attention_heads, n_routed_experts, n_shared_experts, "
                     "num_experts_per_tok, first_k_dense_replace, q_lora_rank, kv_lora_rank, "
                     "qk_nope_head_dim, qk_rope_head_dim, v_head_dim, vocab_size")
+_LLAMA3_FIELDS = ("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+                  "num_key_value_heads, vocab_size, tie_word_embeddings (head_dim = hidden_size "
+                  "/ heads)")
 
 
-def _qwen3_4b(repo: str) -> ModelCard:
+def _qwen3(repo: str, num_layers: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+           intermediate_size: int, moe: MoeSpec | None = None, tied: bool = False,
+           note: str = "") -> ModelCard:
+    """A Qwen3 card: every size shares head_dim 128 and the 151,936-token vocabulary."""
+    fields = _QWEN3_MOE_FIELDS if moe else _QWEN3_FIELDS
     return ModelCard(
-        name=repo, num_layers=36, hidden_size=2560, num_heads=32, num_kv_heads=8, head_dim=128,
-        intermediate_size=9728, vocab_size=151936, tie_word_embeddings=True,
-        source=f"huggingface.co/{repo} config.json: {_QWEN3_FIELDS}")
+        name=repo, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=128, intermediate_size=intermediate_size,
+        vocab_size=151936, tie_word_embeddings=tied, moe=moe,
+        source=f"huggingface.co/{repo} config.json: {fields}{f' ({note})' if note else ''}")
+
+
+def _llama3(repo: str, num_layers: int, hidden_size: int, num_heads: int,
+            intermediate_size: int) -> ModelCard:
+    """A Llama 3.1 card: 8 KV heads of 128, the 128,256-token vocabulary, untied head."""
+    return ModelCard(
+        name=repo, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
+        num_kv_heads=8, head_dim=128, intermediate_size=intermediate_size, vocab_size=128256,
+        source=f"huggingface.co/{repo} config.json: {_LLAMA3_FIELDS}")
 
 
 def _kimi_k2(repo: str, weight_bytes_per_param: float, dtype_note: str) -> ModelCard:
@@ -42,42 +56,23 @@ def _kimi_k2(repo: str, weight_bytes_per_param: float, dtype_note: str) -> Model
         source=f"huggingface.co/{repo} config.json: {_DEEPSEEK_FIELDS}; {dtype_note}")
 
 
+# Qwen3 and Llama rows: repo, num_hidden_layers, hidden_size, num_attention_heads,
+# [num_key_value_heads,] intermediate_size.
 MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
-    _qwen3_4b("Qwen/Qwen3-4B"),
-    # Same architecture as Qwen3-4B (only max_position_embeddings differs); the Tinker model.
-    _qwen3_4b("Qwen/Qwen3-4B-Instruct-2507"),
-    ModelCard(
-        name="Qwen/Qwen3-8B", num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8,
-        head_dim=128, intermediate_size=12288, vocab_size=151936,
-        source=f"huggingface.co/Qwen/Qwen3-8B config.json: {_QWEN3_FIELDS}"),
-    ModelCard(
-        name="Qwen/Qwen3-32B", num_layers=64, hidden_size=5120, num_heads=64, num_kv_heads=8,
-        head_dim=128, intermediate_size=25600, vocab_size=151936,
-        source=f"huggingface.co/Qwen/Qwen3-32B config.json: {_QWEN3_FIELDS}"),
-    ModelCard(
-        name="Qwen/Qwen3-30B-A3B", num_layers=48, hidden_size=2048, num_heads=32,
-        num_kv_heads=4, head_dim=128, intermediate_size=6144, vocab_size=151936,
-        moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=768),
-        source=f"huggingface.co/Qwen/Qwen3-30B-A3B config.json: {_QWEN3_MOE_FIELDS} "
-               "(every layer sparse: decoder_sparse_step 1, mlp_only_layers [])"),
-    ModelCard(
-        name="Qwen/Qwen3-235B-A22B", num_layers=94, hidden_size=4096, num_heads=64,
-        num_kv_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
-        moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
-        source=f"huggingface.co/Qwen/Qwen3-235B-A22B config.json: {_QWEN3_MOE_FIELDS} "
-               "(Qwen3-235B-A22B-Instruct-2507 has the same architecture)"),
-    ModelCard(
-        name="meta-llama/Llama-3.1-8B", num_layers=32, hidden_size=4096, num_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-        source="huggingface.co/meta-llama/Llama-3.1-8B config.json: hidden_size, "
-               "intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, "
-               "vocab_size, tie_word_embeddings (head_dim = hidden_size / heads)"),
-    ModelCard(
-        name="meta-llama/Llama-3.1-70B", num_layers=80, hidden_size=8192, num_heads=64,
-        num_kv_heads=8, head_dim=128, intermediate_size=28672, vocab_size=128256,
-        source="huggingface.co/meta-llama/Llama-3.1-70B config.json: hidden_size, "
-               "intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, "
-               "vocab_size, tie_word_embeddings (head_dim = hidden_size / heads)"),
+    # Instruct-2507 (the Tinker model) has Qwen3-4B's architecture; only max_position_embeddings
+    # differs.
+    *(_qwen3(repo, 36, 2560, 32, 8, 9728, tied=True)
+      for repo in ("Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Instruct-2507")),
+    _qwen3("Qwen/Qwen3-8B", 36, 4096, 32, 8, 12288),
+    _qwen3("Qwen/Qwen3-32B", 64, 5120, 64, 8, 25600),
+    _qwen3("Qwen/Qwen3-30B-A3B", 48, 2048, 32, 4, 6144,
+           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=768),
+           note="every layer sparse: decoder_sparse_step 1, mlp_only_layers []"),
+    _qwen3("Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 12288,
+           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
+           note="Qwen3-235B-A22B-Instruct-2507 has the same architecture"),
+    _llama3("meta-llama/Llama-3.1-8B", 32, 4096, 32, 14336),
+    _llama3("meta-llama/Llama-3.1-70B", 80, 8192, 64, 28672),
     _kimi_k2("moonshotai/Kimi-K2-Instruct", 1.0,
              "weights published in block-scaled FP8 (quantization_config fp8)"),
     # Same architecture; experts published as INT4 (compressed-tensors, group 32), the rest bf16.
@@ -114,26 +109,4 @@ def get_model_card(name: str) -> ModelCard:
     Raises:
         UserError: the model is not catalogued; the message lists the known names.
     """
-    card = MODEL_CARDS.get(name)
-    if card is None:
-        raise user_error("model", f"no model card for {name!r}; known: {sorted(MODEL_CARDS)}")
-    return card
-
-
-def card_from_model_info(info: ModelInfo, name: str = "loaded-model") -> ModelCard:
-    """A dense card for a model loraplex has loaded, from its architecture numbers.
-
-    Whether the output head is tied is read off ``num_params``: a tied model stores the
-    ``vocab × hidden`` table once.
-    """
-    untied = ModelCard(
-        name=name, num_layers=info.num_layers, hidden_size=info.hidden_size,
-        num_heads=info.num_heads, num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-        source=f"loaded {info.arch} model")
-    table = info.vocab_size * info.hidden_size
-    is_tied = abs(info.num_params - (untied.total_params - table)) < abs(
-        info.num_params - untied.total_params)
-    if not is_tied:
-        return untied
-    return dataclasses.replace(untied, tie_word_embeddings=True)
+    return look_up(MODEL_CARDS, name, "model", "model card")

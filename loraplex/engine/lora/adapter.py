@@ -1,6 +1,6 @@
 """`LoraAdapter`: one adapter's trainable tensors at their exact rank, plus naming and init.
 
-Per target one leaf pair ``a_L_R_I`` (``[layers, rank, d_in]``) and ``b_L_O_R``
+Per target one leaf pair ``a_L_Rk_I`` (``[layers, rank, d_in]``) and ``b_L_O_Rk``
 (``[layers, d_out, rank]``), fp32, ``requires_grad``; gradients accumulate in their ``.grad``
 until the optimizer frees them. ``named_parameters`` is the stable order the optimizer and
 checkpoint IO use; ``peft_state_dict`` splits layers into PEFT keys
@@ -25,8 +25,8 @@ from loraplex.errors import user_error
 class LoraWeights:
     """One target across all its layers."""
 
-    a_L_R_I: torch.Tensor
-    b_L_O_R: torch.Tensor
+    a_L_Rk_I: torch.Tensor
+    b_L_O_Rk: torch.Tensor
 
 
 @dataclass
@@ -72,7 +72,7 @@ class LoraAdapter:
         """``(name, leaf)`` in a stable order: ``<target>.lora_A``, ``<target>.lora_B``, ..."""
         out = []
         for target, w in self.weights.items():
-            out += [(f"{target}.lora_A", w.a_L_R_I), (f"{target}.lora_B", w.b_L_O_R)]
+            out += [(f"{target}.lora_A", w.a_L_Rk_I), (f"{target}.lora_B", w.b_L_O_Rk)]
         return out
 
     def parameters(self) -> list[torch.Tensor]:
@@ -99,7 +99,7 @@ class LoraAdapter:
     def frozen_copy(self) -> LoraAdapter:
         """A detached copy (no grad): a sampler version that later training cannot change."""
         return LoraAdapter(self.config, {
-            t: LoraWeights(w.a_L_R_I.detach().clone(), w.b_L_O_R.detach().clone())
+            t: LoraWeights(w.a_L_Rk_I.detach().clone(), w.b_L_O_Rk.detach().clone())
             for t, w in self.weights.items()
         })
 
@@ -107,9 +107,9 @@ class LoraAdapter:
         """PEFT-named per-layer tensors (fresh, contiguous CPU copies)."""
         state = {}
         for target, w in self.weights.items():
-            for layer in range(w.a_L_R_I.shape[0]):
-                state[peft_key(target, layer, "A")] = w.a_L_R_I[layer].detach().cpu().clone()
-                state[peft_key(target, layer, "B")] = w.b_L_O_R[layer].detach().cpu().clone()
+            for layer in range(w.a_L_Rk_I.shape[0]):
+                state[peft_key(target, layer, "A")] = w.a_L_Rk_I[layer].detach().cpu().clone()
+                state[peft_key(target, layer, "B")] = w.b_L_O_Rk[layer].detach().cpu().clone()
         return state
 
     def load_peft_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -120,8 +120,8 @@ class LoraAdapter:
         """
         with torch.no_grad():
             for target, w in self.weights.items():
-                for layer in range(w.a_L_R_I.shape[0]):
-                    for which, dst in (("A", w.a_L_R_I[layer]), ("B", w.b_L_O_R[layer])):
+                for layer in range(w.a_L_Rk_I.shape[0]):
+                    for which, dst in (("A", w.a_L_Rk_I[layer]), ("B", w.b_L_O_Rk[layer])):
                         key = peft_key(target, layer, which)
                         if key not in state:
                             raise user_error("adapter_weights", f"missing {key}")

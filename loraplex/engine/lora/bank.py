@@ -18,7 +18,8 @@ import torch
 
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.adapter import LoraAdapter
-from loraplex.engine.lora.lora_batch import LoraBatch, stack_adapters
+from loraplex.engine.lora.stacking import stack_adapters
+from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import PackedBatch
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.errors import ConflictError, NotFoundError

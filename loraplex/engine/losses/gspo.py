@@ -33,15 +33,15 @@ def sequence_log_ratio(
 ) -> torch.Tensor:
     """Detached ``[T]``: each position's datum's mean log-ratio over its masked positions."""
     token_log_ratio = torch.where(in_ratio_T, logprobs_T.detach() - inputs.tensors["logprobs"], 0.0)
-    index = inputs.datum_index_T
-    sums_D = torch.zeros(inputs.num_datums, device=index.device).index_add_(
+    index = inputs.datum_index_T  # N below: the request's datums
+    sums_N = torch.zeros(inputs.num_datums, device=index.device).index_add_(
         0, index, token_log_ratio
     )
-    counts_D = torch.zeros(inputs.num_datums, device=index.device).index_add_(
+    counts_N = torch.zeros(inputs.num_datums, device=index.device).index_add_(
         0, index, in_ratio_T.float()
     )
-    mean_D = torch.where(counts_D > 0, sums_D / counts_D.clamp(min=1), 0.0)
-    return mean_D[index]
+    mean_N = torch.where(counts_N > 0, sums_N / counts_N.clamp(min=1), 0.0)
+    return mean_N[index]
 
 
 def gspo(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:

@@ -1,4 +1,6 @@
 """The loss registry: Tinker ``loss_fn`` name → `LossSpec`. Unknown names are user errors.
+The names are `loraplex.domain.losses.LOSS_FN_NAMES` (the one list): importing this module
+fails if a spec is missing for a name or registered under one that is not there.
 
 ``custom`` (Tinker's flag-gated server-side uploaded losses) is not offered; clients use
 ``forward_backward_custom``, which reaches the server as ``cross_entropy`` with weights.
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from loraplex.domain.losses import LOSS_FN_NAMES
 from loraplex.engine.losses import (
     cispo,
     cross_entropy,
@@ -35,6 +38,10 @@ LOSSES: Mapping[str, LossSpec] = MappingProxyType(
         )
     }
 )
+
+
+if tuple(LOSSES) != LOSS_FN_NAMES:
+    raise ImportError(f"loss specs {list(LOSSES)} differ from domain.losses {LOSS_FN_NAMES}")
 
 
 def get_loss(name: str) -> LossSpec:

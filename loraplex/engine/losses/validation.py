@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from loraplex.domain.data import Datum, TensorData
+from loraplex.domain.tokens import check_token_range
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.registry import get_loss
@@ -109,7 +110,7 @@ def datum_arrays(
     index: int, datum: Datum, spec: LossSpec, vocab_size: int
 ) -> dict[str, np.ndarray]:
     """One datum's loss inputs as numpy views, after every per-datum check."""
-    check_token_range(f"data[{index}].model_input", as_array(datum.tokens, "int64"), vocab_size)
+    check_token_range(as_array(datum.tokens, "int64"), vocab_size, f"data[{index}].model_input")
     inputs = datum.loss_fn_inputs
     arrays: dict[str, np.ndarray] = {}
     for key in ("target_tokens", *spec.required_inputs):
@@ -120,9 +121,8 @@ def datum_arrays(
     for key in ("target_tokens", *spec.required_inputs, *spec.optional_inputs):
         if key in inputs:
             arrays[key] = checked_input(index, key, inputs[key], datum.length, spec, arrays)
-    check_token_range(
-        f"data[{index}].loss_fn_inputs.target_tokens", arrays["target_tokens"], vocab_size
-    )
+    check_token_range(arrays["target_tokens"].reshape(-1), vocab_size,
+                      f"data[{index}].loss_fn_inputs.target_tokens")
     if spec.check_datum is not None:
         floats = {k: torch.from_numpy(v) for k, v in arrays.items() if k != "target_tokens"}
         spec.check_datum(index, floats)
@@ -170,17 +170,6 @@ def checked_input(
 def as_array(data: array, dtype: str) -> np.ndarray:
     """A numpy view of an ``array`` (a converted copy if its typecode is not ``dtype``'s)."""
     return np.asarray(memoryview(data)).astype(NUMPY_DTYPE[dtype], copy=False)
-
-
-def check_token_range(field: str, tokens: np.ndarray, vocab_size: int) -> None:
-    bad = (tokens < 0) | (tokens >= vocab_size)
-    if bad.any():
-        row = int(np.argwhere(bad)[0][0])
-        raise user_error(
-            field,
-            f"token id {int(tokens.flat[bad.argmax()])} at position {row} is outside "
-            f"[0, vocab_size={vocab_size})",
-        )
 
 
 def check_same_target_width(arrays: Sequence[Mapping[str, np.ndarray]]) -> None:

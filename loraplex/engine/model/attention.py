@@ -179,28 +179,28 @@ def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
     num_keys = [c + n for c, n in zip(batch.seq_num_cached, batch.seq_num_new, strict=True)]
     used = [-(-n // block) for n in num_keys]
     width = max(used)
-    slots = [(i, j) for i, n in enumerate(used) for j in range(n)]
-    seq_P = torch.tensor([i for i, _ in slots], device=device)
-    slot_P = torch.tensor([j for _, j in slots], device=device)
-    page_P = batch.block_tables_S_B[seq_P, slot_P]
+    slots = [(i, j) for i, n in enumerate(used) for j in range(n)]  # N: the pages read
+    seq_N = torch.tensor([i for i, _ in slots], device=device)
+    slot_N = torch.tensor([j for _, j in slots], device=device)
+    page_N = batch.block_tables_B_N[seq_N, slot_N]
     starts = torch.tensor(batch.seq_row_start, device=device)
     num_new = torch.tensor(batch.seq_num_new, device=device)
     cached = torch.tensor(batch.seq_num_cached, device=device)
     j = torch.arange(q_len, device=device)
-    is_real = j[None, :] < num_new[:, None]  # [S, Lq]
+    is_real = j[None, :] < num_new[:, None]  # [B, Lq]
     q_idx = torch.where(is_real, starts[:, None] + j[None, :], num_rows)
     q_pad = torch.cat([q_R_H_D, q_R_H_D.new_zeros(1, num_heads, head_dim)])
-    q = q_pad[q_idx].transpose(1, 2)  # [S, H, Lq, D]
+    q = q_pad[q_idx].transpose(1, 2)  # [B, H, Lq, D]
 
     def dense(pages: torch.Tensor) -> torch.Tensor:
-        out = pages.new_zeros(num_seqs, width, *pages.shape[1:])  # [S, B, Hkv, block, D]
-        out = out.index_put((seq_P, slot_P), pages.index_select(0, page_P))
+        out = pages.new_zeros(num_seqs, width, *pages.shape[1:])  # [B, width, Hkv, block, D]
+        out = out.index_put((seq_N, slot_N), pages.index_select(0, page_N))
         return out.permute(0, 2, 1, 3, 4).reshape(num_seqs, num_kv_heads, width * block,
                                                   head_dim)
 
     keys = torch.arange(width * block, device=device)
     limit = torch.where(is_real, cached[:, None] + j[None, :] + 1, 1)  # pad queries see key 0
-    mask = keys[None, None, :] < limit[:, :, None]  # [S, Lq, K]
+    mask = keys[None, None, :] < limit[:, :, None]  # [B, Lq, keys]
     out = F.scaled_dot_product_attention(q, dense(k_pages), dense(v_pages),
                                          attn_mask=mask[:, None], scale=1.0,
                                          enable_gqa=num_heads != num_kv_heads)

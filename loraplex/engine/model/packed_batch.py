@@ -6,11 +6,12 @@ into per-adapter segments in order of first appearance, base-model (no adapter) 
 total padded with zero rows to a multiple of ``row_multiple``; MKL sgemm gives a row the same
 bits for every row count that is a multiple of 16, wherever the row sits.
 
-The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`). When that
-costs little (training), segments are padded in place in the row layout; when it would multiply
-the rows (decode: one row per adapter), rows stay compact and the LoRA rows are gathered into a
-padded layout and their deltas scattered back. Both give every row the same bits. Attention
-works on a `TilePlan`. Knows nothing about weights; inconsistent cache metadata is a UserError.
+The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`, defined
+in `lora_batch`). When that costs little (training), segments are padded in place in the row
+layout; when it would multiply the rows (decode: one row per adapter), rows stay compact and the
+LoRA rows are gathered into a padded layout and their deltas scattered back. Both give every
+row the same bits. Attention works on a `TilePlan`. Knows nothing about weights; inconsistent
+cache metadata is a UserError.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.engine.model.lora_batch import LoraRows
 from loraplex.engine.model.tile_plan import TilePlan, plan_tiles
 from loraplex.errors import user_error
 
@@ -43,26 +45,6 @@ class SequenceInput:
 
 
 @dataclass(frozen=True)
-class LoraRows:
-    """Where adapter segments live, for the segment GEMMs (``F.grouped_mm`` offsets).
-
-    Attributes:
-        adapter_ids: adapters in segment order.
-        num_rows: batch rows ``0 .. num_rows-1`` belong to adapter segments.
-        segment_ends: cumulative segment ends in the LoRA layout (multiples of row_multiple).
-        gather_P: None when the LoRA layout is batch rows ``0 .. num_rows-1`` themselves
-            (segments padded in place); else the batch row of each LoRA row (pads → row 0).
-        real_P: with ``gather_P``: the LoRA rows holding real tokens, in batch-row order.
-    """
-
-    adapter_ids: tuple[str, ...]
-    num_rows: int
-    segment_ends: tuple[int, ...]
-    gather_P: torch.Tensor | None = None
-    real_P: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class PackedBatch:
     """Token rows + attention plan for one forward (see module docstring).
 
@@ -70,7 +52,7 @@ class PackedBatch:
         tokens_R, positions_R: ``[num_rows]`` token id and absolute position of each row.
         seq_row_start, seq_num_new, seq_num_cached: per input sequence (input order).
         lora_rows: the adapter segments (None when every row is a base-model row).
-        block_tables_S_B: per-sequence KV block ids (padded with 0).
+        block_tables_B_N: per-sequence KV block ids (N: the longest table; padded with 0).
         write_rows_W, write_block_W, write_offset_W: rows whose keys/values are stored, and where.
         num_scratch_blocks: blocks of the training scratch pages; None with a persistent cache.
         block_size, row_multiple: the layout parameters used.
@@ -83,7 +65,7 @@ class PackedBatch:
     seq_num_new: tuple[int, ...]
     seq_num_cached: tuple[int, ...]
     lora_rows: LoraRows | None
-    block_tables_S_B: torch.Tensor
+    block_tables_B_N: torch.Tensor
     write_rows_W: torch.Tensor
     write_block_W: torch.Tensor
     write_offset_W: torch.Tensor
@@ -175,7 +157,7 @@ def pack_sequences(
         seq_num_new=tuple(len(s.tokens) for s in seqs),
         seq_num_cached=tuple(s.num_cached for s in seqs),
         lora_rows=lora_rows,
-        block_tables_S_B=tensor(block_tables),
+        block_tables_B_N=tensor(block_tables),
         write_rows_W=tensor(write_rows),
         write_block_W=tensor(write_block),
         write_offset_W=tensor(write_offset),

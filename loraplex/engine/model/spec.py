@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loraplex.domain.model import ModelInfo
+from loraplex.domain.model_card import ModelCard
 from loraplex.errors import user_error
 
 Arch = Literal["qwen3", "llama"]
@@ -101,27 +102,18 @@ class ModelSpec:
         head = 0 if self.tie_word_embeddings else embed
         return embed + head + self.num_layers * self.layer_params() + self.hidden_size
 
-    def num_non_embedding_params(self) -> int:
-        """Parameters one token's matmuls touch: the blocks plus the output head."""
-        return self.num_layers * self.layer_params() + self.vocab_size * self.hidden_size
-
     def model_info(self, max_context: int | None = None) -> ModelInfo:
         """The torch-free facts the rest of the system may know."""
+        card = ModelCard(
+            name=f"{self.arch} model", num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings, source="config.json")
         return ModelInfo(
-            arch=self.arch,
-            vocab_size=self.vocab_size,
+            arch=self.arch, card=card,
             max_context=min(max_context or self.max_position_embeddings,
                             self.max_position_embeddings),
-            eos_token_ids=self.eos_token_ids,
-            num_layers=self.num_layers,
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            num_params=self.num_params(),
-            num_non_embedding_params=self.num_non_embedding_params(),
-        )
+            eos_token_ids=self.eos_token_ids, num_params=self.num_params())
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> ModelSpec:

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.domain.model import ModelInfo
-from loraplex.engine.lora.lora_batch import LoraBatch
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
+from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 from loraplex.engine.model.rope import RopeTable, apply_rope
 from loraplex.engine.model.spec import ModelSpec

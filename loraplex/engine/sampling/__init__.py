@@ -1,9 +1,10 @@
 """Sampling: a continuous-batching KV-cache sampler over paged blocks with prefix sharing.
 
-Entry point: `sampler.Sampler(model, bank, config, model_dir, ensure_adapter)` with
-`.step(admit, max_decode_steps) -> [(request_id, SampleResult | LoraplexError)]`,
-`.num_running()` and `.invalidate_adapter(adapter_id)` (call it whenever an adapter's weights
-change in place or it is deleted). Pages and prefix cache: `block_manager`, `kv_pool`; token
-choice: `token_sampler`, `random_stream`; stops: `stop_rule`. Refuses to know about HTTP,
+Entry point: `sampler.Sampler(model, bank, config, model_dir)` with
+`.step(admit, max_decode_steps) -> [(request_id, SampleResult | LoraplexError)]` (it never
+loads adapters: one not in the bank fails its request), `.num_running()` and
+`.invalidate_adapter(adapter_id)` (call it whenever an adapter's weights change in place or it
+is deleted). Prefill forward: `prefill`; pages and prefix cache: `block_manager`, `kv_pool`;
+token choice: `token_sampler`, `random_stream`; stops: `stop_rule`. Refuses to know about HTTP,
 tenants, sequence ids or stability records.
 """

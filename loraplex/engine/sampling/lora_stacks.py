@@ -18,7 +18,7 @@ import torch
 
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.lora.lora_batch import LoraBatch
+from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import PackedBatch
 
 BASE_KEY = "base"

@@ -9,26 +9,30 @@ copied, which is exact); across requests, full pages are found by hash (`BlockMa
 Memory: pages are taken as sequences grow; when none is free the most recently admitted
 sequence is preempted (pages released, recomputed later: bitwise the same in batch-invariant
 mode, and its random stream is counter-based), so running sequences are never corrupted.
-Knows nothing about HTTP, tenants, sequence ids or stability records.
+The prefill forward itself is `prefill`. Never loads an adapter (the engine makes requests'
+adapters resident before admitting them); knows nothing about HTTP, tenants, sequence ids or
+stability records.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from loraplex.config import EngineConfig
-from loraplex.domain.sampling import SampleResult, StopReason
+from loraplex.domain.results import SampleOutcome
+from loraplex.domain.sampling import StopReason
 from loraplex.domain.work import SampleWork
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.kv_pool import KVPool
 from loraplex.engine.sampling.lora_stacks import AdapterVersions, LoraStacks
+from loraplex.engine.sampling.prefill import PrefillItem, prefill_logits, score_prompt
 from loraplex.engine.sampling.random_stream import stream_key, uniform
 from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
 from loraplex.engine.sampling.stop_rule import StopRule, StopStringMatcher
@@ -36,33 +40,8 @@ from loraplex.engine.sampling.token_sampler import RowParams, sample_tokens
 from loraplex.engine.sampling.validation import SampleLimits, check_sample_work
 from loraplex.errors import LoraplexError, NotFoundError
 
-SampleOutcome = tuple[str, SampleResult | LoraplexError]
-
 #: Prompt tokens per prefill forward (more waiting requests run in further forwards).
 MAX_PREFILL_TOKENS = 4096
-
-
-@dataclass(eq=False)
-class PrefillItem:
-    """One sequence's share of a prefill forward.
-
-    Attributes:
-        seq: computes ``seq.tokens[start:]`` and samples its next token from the last row.
-        start: positions before it come from cached pages.
-        forks: fresh samples that share its prompt pages and first-token distribution.
-        first_scored: first prompt position to score (``len(prompt)``: none).
-    """
-
-    seq: SampleSequence
-    start: int
-    forks: list[SampleSequence] = field(default_factory=list)
-    first_scored: int = 0
-
-    @property
-    def head_positions(self) -> range:
-        """Positions whose logits are needed: scored prompt positions' predecessors + last."""
-        last = len(self.seq.tokens) - 1
-        return range(min(self.first_scored - 1, last), last + 1)
 
 
 @dataclass
@@ -87,19 +66,17 @@ class Sampler:
     """The engine's sampling half: running requests, their KV pages, the prefix cache."""
 
     def __init__(self, model: Transformer, bank: AdapterBank, config: EngineConfig,
-                 model_dir: str, ensure_adapter: Callable[[str, str | None], None]) -> None:
+                 model_dir: str) -> None:
         """Args:
             model: the frozen base model (its compute options decide invariant vs fast mode).
-            bank: resident adapters; sampled rows read their LoRA from here.
+            bank: resident adapters; sampled rows read their LoRA from here. The sampler never
+                loads one: the caller makes a request's adapter resident before admitting it
+                (`Engine.sample_step`), and a request whose adapter is not fails alone.
             config: the engine slice (kv_block_size, kv_cache_blocks, max_context).
             model_dir: the model directory; ``tokenizer.json`` there detokenizes stop strings.
-            ensure_adapter: ``(adapter_id, adapter_dir)`` makes the adapter resident (loading
-                it from ``adapter_dir`` if needed) or raises a `LoraplexError` that fails that
-                request alone.
         """
         self._model = model
         self._bank = bank
-        self._ensure_adapter = ensure_adapter
         block_size = model.options.kv_block_size
         self.pool = KVPool(model.spec, config.kv_cache_blocks, block_size, model.device,
                            model.dtype)
@@ -126,22 +103,24 @@ class Sampler:
         """Admit ``admit`` (validate, prefill), run up to ``max_decode_steps`` decode steps for
         every running sequence, and return finished requests ``(request_id, outcome)``.
 
-        A request whose validation or adapter load fails is returned at once with its error;
-        requests that do not finish keep running on the next call. An unexpected exception
-        (a bug) drops every request and the prefix cache, then propagates.
+        A request that fails validation or whose adapter is not resident is returned at once
+        with its error; requests that do not finish keep running on the next call. An
+        unexpected exception (a bug) drops every request and the prefix cache, then propagates.
         """
         finished: list[SampleOutcome] = []
         try:
             for work in admit:
-                self._admit(work, finished)
-            self._fail_lost_adapters(finished)
-            self._prefill_waiting(finished)
+                rejected = self._admit(work)
+                if rejected is not None:
+                    finished.append(rejected)
+            finished += self._fail_lost_adapters()
+            finished += self._prefill_waiting()
             for _ in range(max_decode_steps):
                 if not self._running:
                     break
-                self._decode(finished)
+                finished += self._decode()
                 if self._waiting or self._resume:
-                    self._prefill_waiting(finished)
+                    finished += self._prefill_waiting()
         except Exception:
             self._reset()
             raise
@@ -161,15 +140,14 @@ class Sampler:
 
     # ---- admission -----------------------------------------------------------------------
 
-    def _admit(self, work: SampleWork, finished: list[SampleOutcome]) -> None:
+    def _admit(self, work: SampleWork) -> SampleOutcome | None:
+        """Queue a request; its outcome instead when it is done at once (an error, or nothing
+        to compute)."""
         try:
             check_sample_work(work, self.limits)
-            if work.adapter_id is not None:
-                self._ensure_adapter(work.adapter_id, work.adapter_dir)
-            adapter_key = self._versions.key(work.adapter_id)
+            adapter_key = self._versions.key(work.adapter_id)  # NotFoundError: not resident
         except LoraplexError as exc:
-            finished.append((work.request_id, exc))
-            return
+            return work.request_id, exc
         params = work.params
         room = self.limits.max_context - len(work.prompt)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -183,23 +161,25 @@ class Sampler:
         if max_new == 0 and request.first_scored == request.num_prompt:
             for seq in request.sequences:
                 seq.stop_reason = "length"
-            finished.append((work.request_id, request.result()))
-            return
+            return work.request_id, request.result()
         self._requests[work.request_id] = request
         self._waiting.append(request)
+        return None
 
-    def _fail_lost_adapters(self, finished: list[SampleOutcome]) -> None:
+    def _fail_lost_adapters(self) -> list[SampleOutcome]:
         """Requests whose adapter left the bank fail alone (their pages are released)."""
+        failed: list[SampleOutcome] = []
         for request in list(self._requests.values()):
             adapter_id = request.work.adapter_id
             if adapter_id is None or adapter_id in self._bank:
                 continue
             error = NotFoundError(f"adapter {adapter_id!r} was unloaded while sampling",
                                   field="adapter_id")
-            self._abort(request, error, finished)
+            failed.append(self._abort(request, error))
+        return failed
 
-    def _abort(self, request: SampleRequest, error: LoraplexError,
-               finished: list[SampleOutcome]) -> None:
+    def _abort(self, request: SampleRequest, error: LoraplexError) -> SampleOutcome:
+        """Drop a request wherever it is (its pages are released); its failed outcome."""
         for seq in request.sequences:
             self.pool.release(seq)
         members = set(request.sequences)
@@ -208,7 +188,7 @@ class Sampler:
         if request in self._waiting:
             self._waiting.remove(request)
         del self._requests[request.work.request_id]
-        finished.append((request.work.request_id, error))
+        return request.work.request_id, error
 
     def _reset(self) -> None:
         """Forget everything after a bug: no page content or refcount can be trusted."""
@@ -222,16 +202,19 @@ class Sampler:
 
     # ---- prefill -------------------------------------------------------------------------
 
-    def _prefill_waiting(self, finished: list[SampleOutcome]) -> None:
+    def _prefill_waiting(self) -> list[SampleOutcome]:
         """Prefill forwards until nothing waiting fits (FIFO: resumed sequences first)."""
+        finished: list[SampleOutcome] = []
         while True:
-            items = self._plan_prefill(finished)
+            items, aborted = self._plan_prefill()
+            finished += aborted
             if not items:
-                return
-            self._run_prefill(items, finished)
+                return finished
+            finished += self._run_prefill(items)
 
-    def _plan_prefill(self, finished: list[SampleOutcome]) -> list[PrefillItem]:
-        """Pick and allocate the next prefill forward's sequences (the admission policy).
+    def _plan_prefill(self) -> tuple[list[PrefillItem], list[SampleOutcome]]:
+        """Pick and allocate the next prefill forward's sequences (the admission policy), and
+        the requests aborted on the way (their adapter is gone).
 
         A sequence is admitted when its pages fit while leaving one free page per running
         sequence (each may need one for its next token); the queue head blocks the rest, so
@@ -240,13 +223,14 @@ class Sampler:
         from it instead of computing anything.
         """
         items: list[PrefillItem] = []
+        aborted: list[SampleOutcome] = []
         parents: dict[tuple[str, tuple[int, ...]], PrefillItem] = {}
         budget = MAX_PREFILL_TOKENS
         reserve = len(self._running)
         while self._resume and budget > 0:
             seq = self._resume[0]
             if not self.pool.try_allocate(seq, len(seq.tokens) - 1, 0, reserve):
-                return items
+                return items, aborted
             self._resume.popleft()
             items.append(PrefillItem(seq, seq.num_computed, first_scored=len(seq.tokens)))
             budget -= len(seq.tokens) - seq.num_computed
@@ -256,20 +240,20 @@ class Sampler:
             try:
                 request.adapter_key = self._versions.key(request.work.adapter_id)
             except LoraplexError as exc:
-                self._abort(request, exc, finished)
+                aborted.append(self._abort(request, exc))
                 continue
             group = (request.adapter_key, tuple(request.work.prompt))
             parent = parents.get(group) if request.first_scored == request.num_prompt else None
             if parent is not None:
                 if not self.pool.try_fork(parent.seq, request.sequences, reserve):
-                    return items
+                    return items, aborted
                 parent.forks.extend(request.sequences)
                 request.cache_hit_tokens = request.num_prompt
             else:
                 seq, forks = request.sequences[0], request.sequences[1:]
                 if not self.pool.try_allocate(seq, request.first_scored - 1, len(forks),
                                               reserve):
-                    return items
+                    return items, aborted
                 self.pool.try_fork(seq, forks, 0)
                 item = PrefillItem(seq, seq.num_computed, list(forks), request.first_scored)
                 items.append(item)
@@ -278,73 +262,44 @@ class Sampler:
                 budget -= request.num_prompt - seq.num_computed
             self._waiting.popleft()
             reserve += request.work.num_samples
-        return items
+        return items, aborted
 
-    def _run_prefill(self, items: list[PrefillItem], finished: list[SampleOutcome]) -> None:
+    def _run_prefill(self, items: list[PrefillItem]) -> list[SampleOutcome]:
         """One forward over the items' uncached tokens; score prompts; sample first tokens."""
         for it in items:
             self.stats.prefill_tokens += len(it.seq.tokens) - it.start
             self.stats.cached_tokens += it.start + len(it.forks) * len(it.seq.tokens)
-        logits_H_V = self._prefill_logits(items)
+        self.pool.prepare_forward()
+        logits_N_V = prefill_logits(self._model, self._stacks, self.pool.kv, items)  # head rows
         for it in items:
             it.seq.num_computed = len(it.seq.tokens)
             for seq in it.forks:
                 seq.num_computed = it.seq.num_computed
         self.pool.copy_partial_pages([(it.seq, f) for it in items for f in it.forks])
+        finished: list[SampleOutcome] = []
         samplers: list[SampleSequence] = []
         sample_rows: list[int] = []
         offset = 0
         for it in items:
             num_head = len(it.head_positions)
             if num_head > 1:
-                self._score_prompt(it, logits_H_V[offset:offset + num_head - 1])
+                score_prompt(it, logits_N_V[offset:offset + num_head - 1])
             for seq in [it.seq, *it.forks]:
                 if seq.request.max_new > 0:
                     samplers.append(seq)
                     sample_rows.append(offset + num_head - 1)
-                else:
-                    self._finish(seq, "length", finished)
+                elif (outcome := self._finish(seq, "length")) is not None:
+                    finished.append(outcome)
             offset += num_head
         self._running.extend(samplers)
         if samplers:
-            rows = torch.tensor(sample_rows, device=logits_H_V.device)
-            self._take_tokens(samplers, logits_H_V.index_select(0, rows), finished)
-
-    def _prefill_logits(self, items: list[PrefillItem]) -> torch.Tensor:
-        """Forward the items (writing their KV), then logits of their `head_positions` only,
-        concatenated in item order. The head rows are re-packed as a batch of their own (rows
-        padded to 16, adapter segments, unembed LoRA): the same bits as in a full forward."""
-        model = self._model
-        self.pool.prepare_forward()
-        batch = model.pack([SequenceInput(it.seq.tokens[it.start:], it.seq.request.work.adapter_id,
-                                          it.start, it.seq.block_table) for it in items])
-        with torch.no_grad():
-            hidden_R_D = model.forward(batch, self._stacks.for_batch(batch), self.pool.kv)
-            rows = [batch.seq_row_start[i] + p - it.start
-                    for i, it in enumerate(items) for p in it.head_positions]
-            head = model.pack([SequenceInput([0] * len(it.head_positions),
-                                             it.seq.request.work.adapter_id) for it in items])
-            head_R_D = head.scatter_to_rows(hidden_R_D.index_select(
-                0, torch.tensor(rows, device=hidden_R_D.device)))
-            return head.gather_from_rows(model.logits(head_R_D, self._stacks.for_batch(head)))
-
-    def _score_prompt(self, item: PrefillItem, logits_N_V: torch.Tensor) -> None:
-        """Logprob (and top alternatives) of prompt tokens ``first_scored ..`` from the logits
-        of their predecessors: the training forward's row-local log_softmax, in fp32."""
-        request = item.seq.request
-        targets = torch.tensor(item.seq.tokens[item.first_scored:], device=logits_N_V.device)
-        logprobs_N_V = torch.log_softmax(logits_N_V.to(torch.float32), dim=-1)
-        chosen = logprobs_N_V.gather(1, targets[:, None]).squeeze(1).tolist()
-        k = request.work.topk_prompt_logprobs
-        topk: list[tuple[list[int], list[float]]] = []
-        if k:
-            top_lp, top_ids = logprobs_N_V.topk(k, dim=-1)
-            topk = list(zip(top_ids.tolist(), top_lp.tolist(), strict=True))
-        request.set_prompt_scores(chosen, topk)
+            rows = torch.tensor(sample_rows, device=logits_N_V.device)
+            finished += self._take_tokens(samplers, logits_N_V.index_select(0, rows))
+        return finished
 
     # ---- decode --------------------------------------------------------------------------
 
-    def _decode(self, finished: list[SampleOutcome]) -> None:
+    def _decode(self) -> list[SampleOutcome]:
         """One decode step: every running sequence feeds its last token, then samples."""
         self._grow_tables()
         self.pool.prepare_forward()
@@ -363,7 +318,7 @@ class Sampler:
             seq.num_computed += 1
             if seq.num_computed % size == 0:
                 self.pool.register_full_pages(seq, seq.num_computed)
-        self._take_tokens(list(seqs), logits_R_V.index_select(0, rows), finished)
+        return self._take_tokens(list(seqs), logits_R_V.index_select(0, rows))
 
     def _grow_tables(self) -> None:
         """A page for every running sequence whose next write starts one; when none is free,
@@ -384,9 +339,10 @@ class Sampler:
 
     # ---- per-token bookkeeping -----------------------------------------------------------
 
-    def _take_tokens(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor,
-                     finished: list[SampleOutcome]) -> None:
-        """Sample one token per sequence, record it, and stop the sequences that are done."""
+    def _take_tokens(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor
+                     ) -> list[SampleOutcome]:
+        """Sample one token per sequence, record it, and stop the sequences that are done;
+        the requests that finished with them."""
         params = RowParams.build(
             [s.request.work.params.temperature for s in seqs],
             [s.request.work.params.top_k for s in seqs],
@@ -398,6 +354,7 @@ class Sampler:
         top_ids = sampled.topk_ids_B_K.tolist() if sampled.topk_ids_B_K is not None else None
         top_lps = (sampled.topk_logprobs_B_K.tolist()
                    if sampled.topk_logprobs_B_K is not None else None)
+        stopped: list[tuple[SampleSequence, StopReason]] = []
         check_strings: list[SampleSequence] = []
         for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             seq.tokens.append(token)
@@ -407,26 +364,29 @@ class Sampler:
                 seq.topk_ids.append(top_ids[b][:k])
                 seq.topk_logprobs.append(top_lps[b][:k])
             if token in seq.request.stop.token_ids:
-                self._finish(seq, "stop", finished)
+                stopped.append((seq, "stop"))
             elif seq.request.stop.strings:
                 check_strings.append(seq)
             elif seq.num_completion >= seq.request.max_new:
-                self._finish(seq, "length", finished)
+                stopped.append((seq, "length"))
         matched = self._stop_strings.matches([s.completion for s in check_strings],
                                              [s.request.stop for s in check_strings])
         for seq, is_match in zip(check_strings, matched, strict=True):
             if is_match:
-                self._finish(seq, "stop", finished)
+                stopped.append((seq, "stop"))
             elif seq.num_completion >= seq.request.max_new:
-                self._finish(seq, "length", finished)
+                stopped.append((seq, "length"))
+        finished = [o for seq, reason in stopped if (o := self._finish(seq, reason)) is not None]
         self._running = [s for s in self._running if s.stop_reason is None]
+        return finished
 
-    def _finish(self, seq: SampleSequence, reason: StopReason,
-                finished: list[SampleOutcome]) -> None:
-        """Stop a sequence and release its pages (registered full pages stay cached)."""
+    def _finish(self, seq: SampleSequence, reason: StopReason) -> SampleOutcome | None:
+        """Stop a sequence and release its pages (registered full pages stay cached); the
+        request's outcome when it was the request's last running sequence."""
         seq.stop_reason = reason
         self.pool.release(seq)
         request = seq.request
-        if request.is_finished:
-            del self._requests[request.work.request_id]
-            finished.append((request.work.request_id, request.result()))
+        if not request.is_finished:
+            return None
+        del self._requests[request.work.request_id]
+        return request.work.request_id, request.result()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from loraplex.domain.tokens import check_token_range
 from loraplex.domain.work import SampleWork
 from loraplex.errors import user_error
 
@@ -48,10 +49,10 @@ def check_sample_work(work: SampleWork, limits: SampleLimits) -> None:
     if prompt.size > limits.max_context - 1:
         raise user_error("prompt", f"{prompt.size} tokens leave no room for a completion in "
                          f"the context of {limits.max_context}")
-    _check_vocab(prompt, limits.vocab_size, "prompt")
+    check_token_range(prompt, limits.vocab_size, "prompt")
     params = work.params.validate("sampling_params")
-    _check_vocab(np.asarray(params.stop.token_ids, dtype=np.int64), limits.vocab_size,
-                 "sampling_params.stop")
+    check_token_range(np.asarray(params.stop.token_ids, dtype=np.int64), limits.vocab_size,
+                      "sampling_params.stop")
     if any(s == "" for s in params.stop.strings):
         raise user_error("sampling_params.stop", "stop strings must not be empty")
     if params.stop.strings and not limits.has_tokenizer:
@@ -73,11 +74,3 @@ def check_sample_work(work: SampleWork, limits: SampleLimits) -> None:
     if blocks > limits.num_blocks:
         raise user_error("num_samples", f"the prompt and {work.num_samples} samples need "
                          f"{blocks} KV-cache blocks at once; the cache has {limits.num_blocks}")
-
-
-def _check_vocab(tokens: np.ndarray, vocab_size: int, field: str) -> None:
-    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
-    if bad.size:
-        i = int(bad[0])
-        raise user_error(f"{field}[{i}]", f"token id {int(tokens[i])} outside the vocabulary "
-                         f"[0, {vocab_size})")

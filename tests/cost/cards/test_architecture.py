@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loraplex.cost.cards.architecture import MlaSpec, ModelCard, MoeSpec
+from loraplex.domain.model_card import MlaSpec, ModelCard, MoeSpec
 from loraplex.errors import UserError
 
 # L=2, hidden 8, 2 heads of 4, 1 KV head, MLP 16, vocab 10.

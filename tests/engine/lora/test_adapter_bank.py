@@ -50,12 +50,12 @@ def test_create_shapes_names_and_init() -> None:
     assert names[:2] == ["q_proj.lora_A", "q_proj.lora_B"]
     assert names[-2:] == ["unembed.lora_A", "unembed.lora_B"] and len(names) == 16
     q = adapter.weights["q_proj"]
-    assert q.a_L_R_I.shape == (2, 4, 32) and q.b_L_O_R.shape == (2, 32, 4)
-    assert adapter.weights["down_proj"].a_L_R_I.shape == (2, 4, 48)
-    assert adapter.weights["k_proj"].b_L_O_R.shape == (2, 16, 4)
-    assert adapter.weights["unembed"].b_L_O_R.shape == (1, 96, 4)
-    assert all(w.b_L_O_R.abs().sum() == 0 for w in adapter.weights.values())
-    a = adapter.weights["down_proj"].a_L_R_I
+    assert q.a_L_Rk_I.shape == (2, 4, 32) and q.b_L_O_Rk.shape == (2, 32, 4)
+    assert adapter.weights["down_proj"].a_L_Rk_I.shape == (2, 4, 48)
+    assert adapter.weights["k_proj"].b_L_O_Rk.shape == (2, 16, 4)
+    assert adapter.weights["unembed"].b_L_O_Rk.shape == (1, 96, 4)
+    assert all(w.b_L_O_Rk.abs().sum() == 0 for w in adapter.weights.values())
+    a = adapter.weights["down_proj"].a_L_Rk_I
     assert a.abs().max() <= 1 / 48 ** 0.5 and a.std() > 0.5 / 48 ** 0.5 / 3 ** 0.5
     assert all(p.requires_grad and p.is_leaf for p in adapter.parameters())
     assert adapter.scale == 2.0
@@ -116,7 +116,7 @@ def test_unembed_lora_acts_on_the_logits_of_a_tied_model() -> None:
         hidden = model.forward(batch, lora)  # no block target trained: hidden is the base's
         w = adapter.weights["unembed"]
         real = hidden[:20]  # the pad rows after them carry no adapter
-        expected = real @ spec_head(model).T + (real @ w.a_L_R_I[0].T) @ w.b_L_O_R[0].T
+        expected = real @ spec_head(model).T + (real @ w.a_L_Rk_I[0].T) @ w.b_L_O_Rk[0].T
         adapted = model.logits(hidden, lora)[:20]
         assert torch.allclose(adapted, expected, atol=1e-5)
         assert not torch.allclose(adapted, model.logits(hidden)[:20], atol=1e-3)

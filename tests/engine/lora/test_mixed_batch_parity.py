@@ -90,7 +90,7 @@ def test_mixed_batch_equals_separate_single_adapter_runs(invariant: bool) -> Non
 
 def test_reference_loop_formulation_agrees_with_grouped_mm() -> None:
     """grouped_mm segment GEMMs == a per-segment Python loop (forward and gradients)."""
-    from loraplex.engine.lora.lora_batch import grouped_linear
+    from loraplex.engine.model.lora_batch import grouped_linear
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(80, 24, generator=gen, requires_grad=True)

@@ -41,7 +41,7 @@ def test_adapter_matches_peft_forward_and_gradients(hf_model_factory, arch: str,
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for w in adapter.weights.values():  # B ≠ 0 so every gradient path is exercised
-            w.b_L_O_R.copy_(torch.randn(w.b_L_O_R.shape, generator=gen) * 0.1)
+            w.b_L_O_Rk.copy_(torch.randn(w.b_L_O_Rk.shape, generator=gen) * 0.1)
     peft_model = get_peft_model(copy.deepcopy(hf_model), PeftLoraConfig(
         r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS))
     peft_params = dict(peft_model.named_parameters())
@@ -77,8 +77,8 @@ def test_adapter_matches_peft_forward_and_gradients(hf_model_factory, arch: str,
 def grads_by_peft_key(adapter: LoraAdapter) -> dict[str, torch.Tensor]:
     out = {}
     for target, w in adapter.weights.items():
-        assert w.a_L_R_I.grad is not None and w.b_L_O_R.grad is not None
-        for layer in range(w.a_L_R_I.shape[0]):
-            out[peft_key(target, layer, "A")] = w.a_L_R_I.grad[layer]
-            out[peft_key(target, layer, "B")] = w.b_L_O_R.grad[layer]
+        assert w.a_L_Rk_I.grad is not None and w.b_L_O_Rk.grad is not None
+        for layer in range(w.a_L_Rk_I.shape[0]):
+            out[peft_key(target, layer, "A")] = w.a_L_Rk_I.grad[layer]
+            out[peft_key(target, layer, "B")] = w.b_L_O_Rk.grad[layer]
     return out

@@ -13,7 +13,6 @@ from loraplex.domain.data import Datum
 from loraplex.domain.work import RECORDED_LOGPROBS_KEY
 from loraplex.engine.losses.loss_spec import REDUCTIONS
 from loraplex.engine.losses.registry import LOSSES
-from loraplex.engine.losses.target_logprobs import target_logprobs
 from loraplex.engine.losses.validation import validate
 
 VOCAB = 50
@@ -110,34 +109,6 @@ def test_zero_advantage_positions_have_zero_loss_and_gradient(
     assert out.elementwise_loss_T[[0, 2]].tolist() == [0.0, 0.0]
     assert logp.grad[[0, 2]].tolist() == [0.0, 0.0]
     assert logp.grad[1].item() != 0.0
-
-
-def test_target_logprobs_match_log_softmax_for_flat_and_top_k_targets() -> None:
-    generator = torch.Generator().manual_seed(3)
-    logits = torch.randn(6, VOCAB, generator=generator, dtype=torch.float64) * 4
-    flat = torch.randint(0, VOCAB, (6,), generator=generator)
-    top_k = torch.randint(0, VOCAB, (6, 3), generator=generator)
-    reference = torch.log_softmax(logits, dim=-1)
-    torch.testing.assert_close(
-        target_logprobs(logits, flat), reference.gather(-1, flat[:, None])[:, 0].float()
-    )
-    torch.testing.assert_close(target_logprobs(logits, top_k), reference.gather(-1, top_k).float())
-
-
-def test_target_logprobs_gradient_matches_log_softmax() -> None:
-    generator = torch.Generator().manual_seed(4)
-    logits = torch.randn(5, VOCAB, generator=generator, requires_grad=True)
-    targets = torch.randint(0, VOCAB, (5,), generator=generator)
-    weights = torch.randn(5, generator=generator)
-    (target_logprobs(logits, targets) * weights).sum().backward()
-    ours = logits.grad
-    logits.grad = None
-    reference = torch.log_softmax(logits, -1).gather(-1, targets[:, None])[:, 0]
-    (reference * weights).sum().backward()
-    assert ours is not None and logits.grad is not None
-    torch.testing.assert_close(ours, logits.grad)
-
-
 def test_forward_only_compute_under_no_grad(data: list[Datum]) -> None:
     validated = validate("ppo", None, data, VOCAB)
     with torch.no_grad():

@@ -141,14 +141,13 @@ def test_nan_allowed_only_in_recorded_logprobs(make_datum: MakeDatum) -> None:
 @pytest.mark.parametrize("token", [-1, VOCAB, VOCAB + 100])
 def test_target_tokens_outside_vocab(make_datum: MakeDatum, token: int) -> None:
     err = error("ppo", [rl(make_datum, target_tokens=[1, token, 2])])
-    assert err.field == "data[0].loss_fn_inputs.target_tokens"
-    assert f"token id {token} at position 1" in err.message
-    assert f"vocab_size={VOCAB}" in err.message
+    assert err.field == "data[0].loss_fn_inputs.target_tokens[1]"  # the one rule: domain.tokens
+    assert f"token id {token} outside the vocabulary [0, {VOCAB})" in err.message
 
 
 def test_model_input_tokens_outside_vocab(make_datum: MakeDatum) -> None:
     bad = make_datum([1, VOCAB], target_tokens=[1, 2], weights=[1.0, 1.0])
-    assert error("cross_entropy", [bad]).field == "data[0].model_input"
+    assert error("cross_entropy", [bad]).field == "data[0].model_input[1]"
 
 
 def test_two_dimensional_inputs(make_datum: MakeDatum) -> None:
@@ -205,3 +204,13 @@ def test_compute_rejects_logprobs_of_the_wrong_shape(make_datum: MakeDatum) -> N
     validated = validate("ppo", None, [rl(make_datum)], VOCAB)
     with pytest.raises(ValueError, match="shape"):
         validated.compute(torch.zeros(4))
+
+
+def test_the_registry_the_api_and_the_domain_list_the_same_losses() -> None:
+    from loraplex.api.convert import loss_fn_name
+    from loraplex.domain.losses import LOSS_FN_NAMES
+
+    assert tuple(LOSSES) == LOSS_FN_NAMES
+    assert [loss_fn_name(name) for name in LOSS_FN_NAMES] == list(LOSS_FN_NAMES)
+    with pytest.raises(UserError, match="unknown loss 'custom'"):
+        loss_fn_name("custom")

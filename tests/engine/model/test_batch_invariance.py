@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.lora.lora_batch import LoraBatch
 from loraplex.engine.model.kv_cache import PagedKVCache
+from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
 from loraplex.engine.model.transformer import ComputeOptions, Transformer

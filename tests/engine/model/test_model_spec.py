@@ -65,7 +65,14 @@ def test_v5_rope_parameters_layout(tmp_path: Path) -> None:
 def test_model_info_caps_context() -> None:
     info = ModelSpec.from_config(QWEN3_V4).model_info(max_context=4096)
     assert info.max_context == 4096 and info.vocab_size == 151936
-    assert info.num_non_embedding_params > 0
+    card = info.card  # the cost model's card of this config: matmul params = blocks + head
+    assert (card.num_layers, card.num_kv_heads, card.tie_word_embeddings) == (
+        QWEN3_V4["num_hidden_layers"], QWEN3_V4["num_key_value_heads"],
+        QWEN3_V4["tie_word_embeddings"])
+    spec = ModelSpec.from_config(QWEN3_V4)
+    norms = 2 * spec.hidden_size + 2 * spec.head_dim
+    assert card.matmul_params == spec.num_layers * (spec.layer_params() - norms) + (
+        spec.vocab_size * spec.hidden_size)
 
 
 @pytest.mark.parametrize(("change", "field"), [

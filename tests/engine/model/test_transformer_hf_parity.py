@@ -121,4 +121,5 @@ def test_model_info_counts_match_transformers(hf_model_factory) -> None:
         path, hf_model = hf_model_factory("llama", tie)
         info = load_model(path).model_info()
         assert info.num_params == sum(p.numel() for p in hf_model.parameters())
-        assert info.arch == "llama" and info.num_kv_heads == 2 and info.max_context == 1024
+        assert info.arch == "llama" and info.card.num_kv_heads == 2 and info.max_context == 1024
+        assert info.card.tie_word_embeddings == tie

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +33,13 @@ class Rig:
     model: Transformer
     bank: AdapterBank
     config: EngineConfig
-    loads: list[tuple[str, str | None]] = field(default_factory=list)
 
     def sampler(self, **overrides: Any) -> Sampler:
         config = replace(self.config, **overrides)
         model = self.model
         if "batch_invariant" in overrides:
             model = load_model(self.model_dir, config)
-        return Sampler(model, self.bank, config, str(self.model_dir), self.ensure)
-
-    def ensure(self, adapter_id: str, adapter_dir: str | None) -> None:
-        self.loads.append((adapter_id, adapter_dir))
-        if adapter_id not in self.bank:
-            raise LoraplexError(f"adapter {adapter_id!r} cannot be loaded", field="model_path")
+        return Sampler(model, self.bank, config, str(self.model_dir))
 
     def training_logprobs(self, tokens: list[int], adapter: str | None,
                           others: Sequence[SequenceInput] = ()) -> torch.Tensor:

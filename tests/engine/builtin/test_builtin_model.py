@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loraplex.engine.model.builtin import builtin_spec, create_builtin_model
-from loraplex.engine.model.builtin_tokenizer import FAMILIES
+from loraplex.engine.builtin.model import builtin_spec, create_builtin_model
+from loraplex.engine.builtin.tokenizer import FAMILIES
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.errors import UserError

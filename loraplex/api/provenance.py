@@ -1,5 +1,6 @@
 """stable_reinforce provenance: turn a datum's ``loss_fn_input_spans`` into the sampling-time
-logprob of every target position, from the sequences the sampler recorded.
+logprob of every target position, from the sequences the sampler recorded (the store's
+`SequenceStore`), before the op is built; the engine gets plain per-token logprobs.
 
 Span semantics (SDK ``Datum.with_provenance``): the spans tile the target positions in order;
 a ``sampled`` span ``(sequence_id, offset, length)`` says targets ``[p, p+length)`` are that
@@ -17,13 +18,21 @@ from dataclasses import replace
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.work import RECORDED_LOGPROBS_KEY
 from loraplex.errors import user_error
-from loraplex.store.sequences import RecordedSequence
+from loraplex.store.sequences import RecordedSequence, SequenceStore
 
 NAN = float("nan")
 
 
 def referenced_sequence_ids(data: Iterable[Datum]) -> set[str]:
     return {s.sequence_id for d in data for s in d.loss_fn_input_spans}
+
+
+def with_recorded_logprobs(sequences: SequenceStore, data: tuple[Datum, ...], session_id: str
+                           ) -> tuple[Datum, ...]:
+    """``data`` with the recorded logprobs its spans refer to attached (see
+    `attach_recorded_logprobs`)."""
+    recorded = sequences.lookup(referenced_sequence_ids(data))
+    return attach_recorded_logprobs(data, recorded, session_id)
 
 
 def attach_recorded_logprobs(

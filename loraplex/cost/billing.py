@@ -27,8 +27,8 @@ from loraplex.cost.pricing import (
     TokenUsage,
     price_usage,
 )
+from loraplex.domain.usage import UsageCounts, UsageKey
 from loraplex.errors import user_error
-from loraplex.store.usage import UsageCounts, UsageKey
 
 BILL_ITEMS = ("prefill", "cached_prefill", "sample", "train", "storage")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loraplex.engine.model.builtin import create_builtin_model
+from loraplex.engine.builtin.model import create_builtin_model
 
 renderers = pytest.importorskip("tinker_cookbook.renderers")
 

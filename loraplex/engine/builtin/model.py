@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loraplex.engine.model.builtin_tokenizer import (
+from loraplex.engine.builtin.tokenizer import (
     FAMILIES,
     build_tokenizer,
     save_tokenizer,

@@ -7,10 +7,10 @@ from array import array
 
 import pytest
 
+from loraplex.api.provenance import attach_recorded_logprobs
 from loraplex.domain.data import Datum, ProvenanceSpan, TensorData
 from loraplex.domain.work import RECORDED_LOGPROBS_KEY
 from loraplex.errors import UserError
-from loraplex.scheduler.provenance import attach_recorded_logprobs
 from loraplex.store.sequences import RecordedSequence
 
 # Prompt [10, 11, 12] sampled [20, 21]: S = 10 11 12 20 21, targets = 11 12 20 21.

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from loraplex.config import MeteringConfig
+from loraplex.cost.billing import Biller, token_usage
 from loraplex.errors import UserError
-from loraplex.scheduler.billing import Biller, token_usage
 from loraplex.scheduler.usage import usage_deltas
-from loraplex.store.stores import Stores
+from loraplex.store.stores import Stores, open_stores
 from loraplex.store.usage import UsageCounts, UsageKey
 from tests.fakes import ToyExecutor
 from tests.scheduler.work_builders import drain, make_scheduler, sample
@@ -106,6 +108,13 @@ def _common(a: list[int], b: list[int]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[Stores]:
+    s = open_stores(str(tmp_path / "data"))
+    yield s
+    s.close()
 
 
 def test_engine_cache_hits_flow_from_the_scheduler_to_the_bill(stores: Stores) -> None:

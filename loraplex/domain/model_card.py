@@ -4,7 +4,8 @@ Owns `ModelCard` and the one place that turns architecture numbers into paramete
 weight bytes, KV-cache bytes and attention widths: every linear layer a token passes through is
 listed once (`LinearGroup`), and totals, active parameters, LoRA adapter sizes and decode weight
 reads are sums over that list. Norms and biases are ignored (< 0.1% of any catalogued model).
-Knows nothing of prices, hardware or workloads.
+Shared vocabulary: the cost model prices a card, and a loaded model describes itself with one
+(`ModelInfo.card`), so the two never disagree. Knows nothing of prices, hardware or workloads.
 """
 
 from __future__ import annotations

@@ -1,0 +1,75 @@
+"""`stack_adapters`: the adapters of a batch's segments, stacked per target into a `LoraBatch`.
+
+Adapters are zero-padded to the batch's rank ``Rk`` (exact zero contributions); in
+batch-invariant mode ``Rk`` is rounded up to a multiple of 16, because MKL's sgemm results for a
+rank-r column change when the total output width is below 16 but not above it. An adapter that
+does not train a target present in the batch contributes exact zeros there. Stacking is
+differentiable: gradients reach each adapter's own leaves through ``torch.stack``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from loraplex.engine.lora.adapter import LoraAdapter
+from loraplex.engine.lora.targets import ALL_TARGETS, target_shape
+from loraplex.engine.model.lora_batch import LoraBatch, LoraRows, StackedTarget
+from loraplex.engine.model.spec import ModelSpec
+
+
+def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraRows, *,
+                   rank_multiple: int, dtype: torch.dtype,
+                   reuse: LoraBatch | None = None) -> LoraBatch:
+    """Stack the segments' adapters (segment order) into a `LoraBatch`.
+
+    Args:
+        adapters: one adapter per segment, in segment order.
+        rows: the batch's adapter segments.
+        rank_multiple: pad the stacked rank up to a multiple of this (16 for batch invariance;
+            at least 16 bytes' worth in any case, as ``F.grouped_mm`` requires).
+        dtype: compute dtype of the stacked tensors (adapter leaves stay fp32).
+        reuse: an earlier `LoraBatch` of the same adapters, in the same order, whose weights
+            have not changed since (a sampler's decode steps): its stacked tensors are reused
+            and only the row layout is rebuilt.
+    """
+    device = adapters[0].parameters()[0].device
+    if reuse is not None and reuse.rows.adapter_ids == rows.adapter_ids:
+        targets = dict(reuse.targets)
+    else:
+        targets = _stack_targets(spec, adapters, rank_multiple, dtype, device)
+    ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
+    sizes = torch.diff(ends, prepend=ends.new_zeros(1))
+    scales = torch.tensor([a.scale for a in adapters], dtype=dtype)
+    return LoraBatch(
+        rows=rows,
+        offsets_S=ends.to(torch.int32).to(device),
+        scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
+        targets=targets,
+    )
+
+
+def _stack_targets(spec: ModelSpec, adapters: Sequence[LoraAdapter], rank_multiple: int,
+                   dtype: torch.dtype, device: torch.device) -> dict[str, StackedTarget]:
+    rank = max(a.rank for a in adapters)
+    rank += -rank % max(rank_multiple, 128 // torch.finfo(dtype).bits)  # 16-byte rows
+    targets = {}
+    for target in ALL_TARGETS:
+        if not any(target in a.weights for a in adapters):
+            continue
+        shape = target_shape(spec, target)
+        a_parts, b_parts = [], []
+        for adapter in adapters:
+            w = adapter.weights.get(target)
+            if w is None:
+                a_parts.append(torch.zeros(shape.num_layers, rank, shape.d_in, device=device))
+                b_parts.append(torch.zeros(shape.num_layers, shape.d_out, rank, device=device))
+                continue
+            pad = rank - adapter.rank
+            a_parts.append(F.pad(w.a_L_Rk_I, (0, 0, 0, pad)))
+            b_parts.append(F.pad(w.b_L_O_Rk, (0, pad)))
+        targets[target] = StackedTarget(torch.stack(a_parts, dim=1).to(dtype),
+                                        torch.stack(b_parts, dim=1).to(dtype))
+    return targets

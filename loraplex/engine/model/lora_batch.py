@@ -1,0 +1,133 @@
+"""`LoraRows` and `LoraBatch`: where a packed batch's adapter segments are, and how the forward
+adds their LoRA deltas.
+
+`pack_sequences` sorts the rows of a `PackedBatch` by adapter into segments, each padded to the
+row multiple (in place, or in a gathered LoRA layout: `LoraRows`), so the delta of every segment
+is two grouped GEMMs (``F.grouped_mm``: shrink to rank, expand to d_out) per target, with no
+Python loop over tenants. The stacked per-segment tensors arrive ready-made in a `LoraBatch`
+(built by `engine.lora.stacking`): this module knows nothing about adapters, their storage or
+how their ranks are padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LoraRows:
+    """Where adapter segments live, for the segment GEMMs (``F.grouped_mm`` offsets).
+
+    Attributes:
+        adapter_ids: adapters in segment order.
+        num_rows: batch rows ``0 .. num_rows-1`` belong to adapter segments.
+        segment_ends: cumulative segment ends in the LoRA layout (multiples of row_multiple).
+        gather_P: None when the LoRA layout is batch rows ``0 .. num_rows-1`` themselves
+            (segments padded in place); else the batch row of each LoRA row (pads → row 0).
+        real_P: with ``gather_P``: the LoRA rows holding real tokens, in batch-row order.
+    """
+
+    adapter_ids: tuple[str, ...]
+    num_rows: int
+    segment_ends: tuple[int, ...]
+    gather_P: torch.Tensor | None = None
+    real_P: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StackedTarget:
+    """One target for all segments: ``a [L, S, Rk, d_in]``, ``b [L, S, d_out, Rk]``."""
+
+    a_L_S_Rk_I: torch.Tensor
+    b_L_S_O_Rk: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    """What the forward needs to add every segment's LoRA delta.
+
+    Attributes:
+        rows: where the segments are (`LoraRows` of the batch).
+        offsets_S: int32 cumulative segment ends in the LoRA layout (``F.grouped_mm`` offsets).
+        scale_P_1: per LoRA row ``alpha / rank`` of the row's adapter.
+        targets: stacked tensors of every target some adapter in the batch trains.
+    """
+
+    rows: LoraRows
+    offsets_S: torch.Tensor
+    scale_P_1: torch.Tensor
+    targets: Mapping[str, StackedTarget]
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+    def delta(self, target: str, layer: int, x_P_I: torch.Tensor) -> torch.Tensor | None:
+        """``scale · (x Aᵀ) Bᵀ`` per segment of LoRA-layout rows; None if no adapter trains it."""
+        stacked = self.targets.get(target)
+        if stacked is None:
+            return None
+        h_P_Rk = grouped_linear(x_P_I, stacked.a_L_S_Rk_I[layer], self.offsets_S) * self.scale_P_1
+        return grouped_linear(h_P_Rk, stacked.b_L_S_O_Rk[layer], self.offsets_S)
+
+    def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
+                  ) -> torch.Tensor:
+        """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
+        n, gather, real = self.rows.num_rows, self.rows.gather_P, self.rows.real_P
+        if gather is not None:
+            x_P_I = x_R_I.index_select(0, gather)
+        else:  # a no-op slice would still cost a full-size SliceBackward
+            x_P_I = x_R_I if n == x_R_I.shape[0] else x_R_I[:n]
+        delta_P_O = self.delta(target, layer, x_P_I)
+        if delta_P_O is None:
+            return y_R_O
+        delta_N_O = delta_P_O if real is None else delta_P_O.index_select(0, real)
+        # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
+        # zero-fill + copy in autograd's backward (CopySlices / as_strided).
+        if n < y_R_O.shape[0]:
+            delta_N_O = F.pad(delta_N_O, (0, 0, 0, y_R_O.shape[0] - n))
+        return y_R_O + delta_N_O
+
+
+def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor
+                   ) -> torch.Tensor:
+    """Segment ``s`` of the rows times ``w[s]ᵀ``.
+
+    ``F.grouped_mm`` runs on CPU in fp32 (with autograd) and on CUDA in bf16, and needs row
+    strides that are multiples of 16 bytes (`stack_adapters` pads ranks accordingly). Other
+    cases (CUDA fp32, odd model dims) fall back to a loop over segments: a slow path that the
+    real models on CPU never take. One segment on CPU is a plain ``F.linear``: there
+    ``grouped_mm`` runs each segment as that very GEMM (the same bits), with more overhead.
+    """
+    if w_S_O_I.shape[0] == 1 and x_N_I.device.type == "cpu":
+        return F.linear(x_N_I, w_S_O_I[0])
+    aligned = all(d * x_N_I.element_size() % 16 == 0 for d in w_S_O_I.shape[1:])
+    supported = x_N_I.device.type == "cpu" or x_N_I.dtype == torch.bfloat16
+    if aligned and supported:
+        out = F.grouped_mm(x_N_I, w_S_O_I.transpose(1, 2), offs=offsets_S)
+        if not out.requires_grad:
+            return out
+        result: torch.Tensor = _ContiguousGrad.apply(out)
+        return result
+    ends = offsets_S.tolist()
+    starts = [0, *ends[:-1]]
+    return torch.cat([F.linear(x_N_I[s:e], w_S_O_I[i]) for i, (s, e) in
+                      enumerate(zip(starts, ends, strict=True))])
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient contiguous: ``grouped_mm``'s
+    backward rejects the stride-0 gradients that e.g. ``y.sum().backward()`` produces."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()

@@ -1,0 +1,253 @@
+"""Finishing ops: the other half of the scheduler's state machine.
+
+For a completed plan (clock thread) and for the file work of saves and checkpoint reads (IO
+threads): advance the model queues and the sampling queue, apply each op's store effects,
+resolve or fail its future, and meter it. Queue and residency state belongs to the `Scheduler`
+and is only touched under its lock; effects, futures and metering are thread-safe and run
+outside it. A save's or load's model queue is freed only after its effects are applied, so the
+next op of that model never starts before the checkpoint it wrote is listed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar, assert_never
+
+from loraplex.domain.ops import (
+    ControlPlan,
+    CreateModelOp,
+    CyclePlan,
+    ExpirePlan,
+    FailedOp,
+    Install,
+    InstallPlan,
+    LoadOp,
+    Plan,
+    ReleasePlan,
+    SampleOp,
+    SamplePlan,
+    SaveOp,
+    SnapshotOp,
+    WorkItem,
+    new_run_of,
+)
+from loraplex.domain.results import AdapterReady, ItemOutcome
+from loraplex.domain.usage import OpUsage
+from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SaveWork
+from loraplex.errors import LoraplexError, server_bug
+from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.residency import sample_op
+from loraplex.scheduler.runner import PlanOutcome
+from loraplex.scheduler.usage import engine_shares, op_usage
+
+if TYPE_CHECKING:  # the Scheduler owns its Completion: a back-reference, annotation only
+    from loraplex.scheduler.scheduler import Scheduler
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An op whose engine (or IO) work is over, with what it ended with."""
+
+    item: WorkItem
+    result: ItemOutcome
+    engine_s: float
+    base_model: str | None
+
+
+class Completion:
+    """Finishes the ops of one scheduler (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, effects: Effects) -> None:
+        self._s = scheduler
+        self.effects = effects
+        self._tokens_since_step: Counter[str] = Counter()
+
+    # ---- clock thread ---------------------------------------------------------------------
+
+    def finish_plan(self, plan: Plan, outcome: PlanOutcome) -> list[Finished]:
+        """Advance the queues past ``plan``'s finished items; returns them."""
+        with self._s.lock:
+            match plan:
+                case SamplePlan():
+                    return self._finish_samples(outcome)
+                case ReleasePlan():
+                    return []
+                case CyclePlan() | ExpirePlan():
+                    items = list(plan.items)
+                case ControlPlan():
+                    items = [plan.item]
+                case InstallPlan():
+                    items = [i.item for i in plan.installs if i.item is not None]
+                case _:
+                    assert_never(plan)
+            shares = engine_shares(plan, outcome)
+            finished = []
+            for item in items:
+                result = outcome.bug or outcome.outcomes.get(item.request_id)
+                if result is None:
+                    result = server_bug(RuntimeError("executor dropped a work item"), "complete")
+                queue = self._s.queue_of(item)
+                queue.finish_one()
+                self._s.op_done(item.tenant)
+                finished.append(Finished(item, result, shares.get(item.request_id, 0.0),
+                                         queue.base_model))
+            return finished
+
+    def _finish_samples(self, outcome: PlanOutcome) -> list[Finished]:
+        samples = self._s.samples
+        samples.charge(outcome.engine_s)
+        ids = samples.running_ids() if outcome.bug else list(outcome.outcomes)
+        finished = []
+        for rid in ids:
+            done = samples.finish(rid)
+            if done is None:
+                continue
+            item, engine_s = done
+            op = sample_op(item)
+            if op.work.adapter_id is not None:
+                self._s.residency.release(op.work.adapter_id)
+            self._s.op_done(item.tenant)
+            finished.append(Finished(item, outcome.bug or outcome.outcomes[rid], engine_s,
+                                     op.base_model))
+        return finished
+
+    def installed_sampler_adapters(self, plan: InstallPlan, outcome: PlanOutcome) -> None:
+        """Samples waiting for these adapters may run now (or fail, if installing failed)."""
+        for install in plan.installs:
+            if install.item is not None:
+                continue
+            error = outcome.bug or outcome.install_errors.get(install.adapter_id)
+            if error is not None:
+                self._fail_waiting(install.adapter_id, error)
+            else:
+                with self._s.lock:
+                    self._s.done_reading(install.adapter_id)
+
+    # ---- IO threads -----------------------------------------------------------------------
+
+    def run_io_op(self, item: WorkItem, started_at: float) -> None:
+        """A save (write, encrypt, commit) or the read half of a load, on an IO thread."""
+        began = time.perf_counter()
+        op = item.op
+        match op:
+            case SaveOp():
+                work = SaveWork(adapter_id=op.model_id, directory=op.checkpoint.directory,
+                                with_optimizer=op.with_optimizer, peft_export=True)
+                self._finish_io(item, _guarded(lambda: self._s.executor.save_adapter(work),
+                                               "save_adapter"), began, started_at)
+            case LoadOp():
+                read = _guarded(lambda: self._s.executor.read_checkpoint(op.work),
+                                "read_checkpoint")
+                if isinstance(read, LoraplexError):
+                    self._finish_io(item, read, began, started_at)
+                    return
+                with self._s.lock:
+                    self._s.add_install(Install(op.work.adapter_id, read, item))
+            case (CreateModelOp() | ForwardBackwardWork() | OptimStepWork() | SnapshotOp()
+                  | SampleOp() | FailedOp()):
+                raise AssertionError(f"{item.request_id}: {item.kind} has no IO work")
+            case _:
+                assert_never(op)
+
+    def read_sampler_adapter(self, adapter_id: str, directory: str) -> None:
+        """Read a sampler's checkpoint for the samples waiting on it (IO thread)."""
+        work = LoadWork(adapter_id, directory, with_optimizer=False, frozen=True)
+        read = _guarded(lambda: self._s.executor.read_checkpoint(work), "read_checkpoint")
+        if isinstance(read, LoraplexError):
+            self._fail_waiting(adapter_id, read)
+            return
+        with self._s.lock:
+            self._s.add_install(Install(adapter_id, read))
+
+    def _finish_io(self, item: WorkItem, result: ItemOutcome, began: float,
+                   started_at: float) -> None:
+        io_s = time.perf_counter() - began
+        with self._s.lock:
+            queue = self._s.queue_of(item)
+        usage = self.deliver(Finished(item, result, io_s, queue.base_model))
+        with self._s.lock:
+            queue.finish_one()
+            self._s.op_done(item.tenant)
+            self._s.notify_locked()
+        self._s.usage.add([usage])
+        self._s.metrics.io_done(item, io_s, usage, started_at, started_at - item.enqueued_at)
+
+    def _fail_waiting(self, adapter_id: str, error: LoraplexError) -> None:
+        with self._s.lock:
+            items = self._s.samples.take_waiting(
+                lambda it: sample_op(it).work.adapter_id == adapter_id)
+            self._s.done_reading(adapter_id)
+            for item in items:
+                self._s.op_done(item.tenant)
+        self._s.usage.add([self.deliver(Finished(it, error, 0.0, sample_op(it).base_model))
+                           for it in items])
+
+    # ---- any thread -----------------------------------------------------------------------
+
+    def deliver(self, done: Finished) -> OpUsage:
+        """Apply the effects of a finished op and resolve (or fail) its future."""
+        item, result = done.item, done.result
+        if not isinstance(result, LoraplexError):
+            try:
+                self._note_success(item, result)
+                value = self.effects.succeeded(item, result,
+                                               trained_tokens=self._step_tokens(item))
+            except LoraplexError as exc:
+                result = exc
+            except Exception as exc:  # a store failure must not kill the clock loop
+                result = server_bug(exc, f"effects of {item.kind}")
+            else:
+                self._s.futures.resolve(item.request_id, value)
+        if isinstance(result, LoraplexError):
+            self._fail(item, result)
+        self._s.metrics.op_finished(item.kind, self._s.now() - item.enqueued_at)
+        return op_usage(item, result, done.engine_s, done.base_model)
+
+    def _note_success(self, item: WorkItem, result: ItemOutcome) -> None:
+        """Scheduler-side bookkeeping of a success: tokens since the last step, and the new
+        sampler version a snapshot created."""
+        op = item.op
+        with self._s.lock:
+            match op:
+                case ForwardBackwardWork():
+                    if not op.forward_only:
+                        self._tokens_since_step[op.adapter_id] += op.num_tokens
+                case SnapshotOp():
+                    if isinstance(result, AdapterReady):
+                        self._s.residency.add_snapshot(op.model_id, result.adapter_id,
+                                                       inflight=op.kind == "inflight")
+                case (CreateModelOp() | LoadOp() | OptimStepWork() | SaveOp() | SampleOp()
+                      | FailedOp()):
+                    pass
+                case _:
+                    assert_never(op)
+
+    def _step_tokens(self, item: WorkItem) -> int:
+        if not isinstance(item.op, OptimStepWork):
+            return 0
+        with self._s.lock:
+            return self._tokens_since_step.pop(item.op.adapter_id, 0)
+
+    def _fail(self, item: WorkItem, error: LoraplexError) -> None:
+        if item.model_id is not None and new_run_of(item.op) is not None:
+            self._s.release_model(item.model_id)  # the run never came to life: drop its queue
+        try:
+            self.effects.failed(item, error)
+        finally:
+            self._s.futures.fail(item.request_id, error)
+
+
+def _guarded(call: Callable[[], T], what: str) -> T | LoraplexError:
+    """``call()``, or the error that failed it (an unexpected exception is a logged bug)."""
+    try:
+        return call()
+    except LoraplexError as exc:
+        return exc
+    except Exception as exc:
+        return server_bug(exc, what)
+
