@@ -40,6 +40,16 @@ class EngineConfig:
         kv_cache_blocks: pages in the sampler's KV cache (bounds sampler memory).
         max_context: longest sequence accepted (None: the model's own limit).
         num_threads: torch intra-op threads (None: torch's default).
+        adapter_memory_budget: bytes of adapter state kept on the engine's device: LoRA
+            weights + gradients + AdamW moments of every resident adapter, sampler snapshots
+            included. Idle adapters beyond it page out (host memory, then disk) and back in,
+            bit for bit, on next use; a call whose own adapters exceed it still runs (None:
+            unlimited, nothing pages).
+        host_memory_budget: bytes of paged-out adapter state kept in host memory before the
+            oldest spills to disk (None: unlimited; 0: page straight to disk).
+        page_dir: scratch directory for paged-out adapter state; the engine writes into a
+            private subdirectory it deletes on close. Never a checkpoint: its files are
+            deleted and overwritten freely (None: a temporary directory).
     """
 
     device: str = "auto"
@@ -51,6 +61,9 @@ class EngineConfig:
     kv_cache_blocks: int = 2048
     max_context: int | None = None
     num_threads: int | None = None
+    adapter_memory_budget: int | None = None
+    host_memory_budget: int | None = None
+    page_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and self.num_threads < 1:
@@ -81,6 +94,14 @@ class SchedulerConfig:
         cycle_history: cycle records kept for the stats endpoint.
         io_threads: threads per base model that run checkpoint saves (write, encryption,
             commit) and checkpoint reads, so file work never stalls the clock loop.
+        max_seq_ahead: how far past the next expected seq_id of a model a request may be
+            (a request further ahead is refused; bounds what the gap timeout skips).
+        latency_fair_window_s: while other tenants trained within this many seconds, a tenant
+            packs about as many tokens per cycle as the largest of their recent demands (but
+            at least ``latency_fair_floor_tokens``), so a flood of one tenant's work does not
+            lengthen everyone's cycles (0: off).
+        latency_fair_floor_tokens: the least a tenant may pack per cycle under that rule, so
+            tenants of unequal batch sizes still fill cycles.
     """
 
     token_budget: int = 16384
@@ -95,6 +116,9 @@ class SchedulerConfig:
     seq_gap_timeout_s: float | None = 900.0
     cycle_history: int = 4096
     io_threads: int = 2
+    max_seq_ahead: int = 4096
+    latency_fair_window_s: float = 2.0
+    latency_fair_floor_tokens: int = 128
 
     def __post_init__(self) -> None:
         if self.token_budget < 1:
@@ -162,19 +186,38 @@ class LimitsConfig:
             inflating this much, never more).
         max_tensor_elements: most elements one decoded tensor may hold (checked on the shape,
             before a sparse tensor is densified).
-        max_seq_ahead: how far past the next expected seq_id of a model a request may be.
-        max_name_bytes: longest checkpoint name, in UTF-8 bytes (a path component).
     """
 
     max_body_bytes: int = 64 << 20
     max_decompressed_bytes: int = 256 << 20
     max_tensor_elements: int = 1 << 24
-    max_seq_ahead: int = 4096
-    max_name_bytes: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements",
-                     "max_seq_ahead", "max_name_bytes"):
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements"):
+            if getattr(self, name) < 1:
+                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    """Per-tenant quotas (shown in ``GET /api/v1/loraplex/usage``). In-flight ops are bounded
+    by ``scheduler.max_inflight_per_tenant``.
+
+    Attributes:
+        max_training_runs: live training runs (adapters in engine memory) per tenant, over
+            every served model; a create beyond it is refused (HTTP 403) until a session ends.
+        max_checkpoint_bytes: stored checkpoint bytes per tenant; a save while at or over it
+            fails (delete checkpoints or let their TTL pass).
+        max_unfetched_result_bytes: bytes of completed results (and errors) a tenant has not
+            fetched yet; new submits get HTTP 429 until it fetches them or they expire.
+    """
+
+    max_training_runs: int = 64
+    max_checkpoint_bytes: int = 50 << 30
+    max_unfetched_result_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        for name in ("max_training_runs", "max_checkpoint_bytes", "max_unfetched_result_bytes"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 
@@ -189,15 +232,18 @@ class ServerConfig:
         models: catalogue names and their sources.
         open_access: accept any ``tml-`` key, one tenant per distinct key.
         long_poll_s: how long retrieve_future holds a pending request.
-        future_ttl_s: how long an unfetched result is kept.
+        future_ttl_s: how long an unfetched result (or failure) is kept.
         client_config: extra ``/client/config`` flags sent to every SDK (e.g.
             ``fwdbwd_max_chunk_len``, ``parallel_fwdbwd_chunks``; tinker-api.md §3.1).
         session_idle_timeout_s: a session without heartbeats this long has its training runs'
             adapters released from engine memory (their records and checkpoints stay).
         housekeeping_interval_s: how often TTLs are enforced and stale results dropped.
         download_url_ttl_s: lifetime of signed checkpoint-download URLs.
+        key_cache_ttl_s: how long a resolved API key is trusted before the database is asked
+            again (a revoked key stops working within this time).
         metering: usage metering and pricing.
         limits: request bounds.
+        quotas: per-tenant quotas.
     """
 
     host: str = "127.0.0.1"
@@ -206,13 +252,15 @@ class ServerConfig:
     models: tuple[ModelSource, ...] = (ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),)
     open_access: bool = False
     long_poll_s: float = 25.0
-    future_ttl_s: float = 24 * 3600.0
+    future_ttl_s: float = 3600.0
     client_config: Mapping[str, Any] = field(default_factory=dict)
     session_idle_timeout_s: float = 3600.0
     housekeeping_interval_s: float = 60.0
     download_url_ttl_s: float = 3600.0
+    key_cache_ttl_s: float = 5.0
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -223,12 +271,40 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Engine workers as Ray actors (``pip install 'loraplex[ray]'``).
+
+    Attributes:
+        workers: engine workers per model source; 0 runs the engine in the server process
+            (no Ray at all), N ≥ 1 starts N Ray actors (a local Ray runtime unless
+            ``ray_address`` is set).
+        ray_address: join this running Ray cluster (``ray start --head`` on one host,
+            ``ray start --address=...`` on the others) instead of starting one.
+        worker_resources: one worker's Ray bundle, ``NAME=AMOUNT[,...]`` (``CPU=1``,
+            ``GPU=1``, custom resources).
+    """
+
+    workers: int = 0
+    ray_address: str | None = None
+    worker_resources: str = "CPU=1"
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise user_error("workers", f"must be ≥ 0, got {self.workers}")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.workers > 0 or self.ray_address is not None
+
+
+@dataclass(frozen=True)
 class LoraplexConfig:
     """The aggregate the CLI builds; components never see it whole."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def from_mapping(cls: type[T], values: Mapping[str, Any], where: str) -> T:

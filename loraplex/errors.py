@@ -31,6 +31,11 @@ class LoraplexError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle as (class, message, field), so an error crosses a process boundary (a Ray
+        worker's outcome) whole and without its traceback."""
+        return (_rebuild, (type(self), self.message, self.field))
+
     def detached(self) -> Self:
         """A copy with only the message and field: no traceback, cause or context, so a
         failure kept for a client holds no reference to the request that caused it."""
@@ -55,6 +60,11 @@ class ConflictError(UserError):
     """The object already exists (e.g. a checkpoint name without ``overwrite``)."""
 
 
+class QuotaError(UserError):
+    """A tenant is at one of its quotas (training runs, checkpoint bytes): it must free some
+    before this succeeds (retrying alone does not help)."""
+
+
 class PayloadTooLargeError(UserError):
     """A request body (or what it decompresses to) is over the server's limit."""
 
@@ -65,10 +75,27 @@ class CapacityError(LoraplexError):
     category = "server"
 
 
+class StorageError(LoraplexError):
+    """The data dir cannot take the write: its disk or quota is full, it is read-only, its
+    database is damaged, or its database and checkpoint directories disagree (a refused start).
+    The message names the problem (and the free bytes of a full disk), never a server path."""
+
+    category = "server"
+
+
 class ServerError(LoraplexError):
     """An internal failure; the HTTP layer attaches an error id and never a stack trace."""
 
     category = "server"
+
+
+class WorkerLostError(ServerError):
+    """The engine worker holding this work died (its process or node is gone). Retrying is
+    safe: the message says what the training run was restored from."""
+
+
+def _rebuild(cls: type[LoraplexError], message: str, field: str | None) -> LoraplexError:
+    return cls(message, field=field)
 
 
 def user_error(field: str, problem: str) -> UserError:

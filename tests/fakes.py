@@ -29,6 +29,7 @@ from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.results import (
+    AdapterMemory,
     ForwardBackwardResult,
     FwdBwdOutcome,
     LoadResult,
@@ -334,6 +335,13 @@ class ToyExecutor:
 
     def num_running_samples(self) -> int:
         return len(self._running)
+
+    def adapter_memory(self) -> AdapterMemory:
+        return AdapterMemory(resident_adapters=len(self._adapters),
+                             bytes_resident=8 * len(self._adapters))
+
+    def close(self) -> None:
+        self._running.clear()
 
     def _start(self, work: SampleWork) -> _Running:
         theta = 0.0

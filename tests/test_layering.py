@@ -25,8 +25,10 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"domain", "errors", "config"},
     "scheduler": {"store", "cost", "domain", "errors", "config"},
     "api": {"scheduler", "store", "cost", "domain", "errors", "config"},
+    "cluster": {"engine", "scheduler", "domain", "errors", "config"},
     "demo": set(),
-    "cli": {"api", "scheduler", "store", "cost", "engine", "demo", "domain", "errors", "config"},
+    "cli": {"api", "scheduler", "store", "cost", "engine", "cluster", "demo", "domain", "errors",
+            "config"},
     "__init__": set(),
     "__main__": {"cli"},
 }
@@ -39,6 +41,7 @@ ENGINE_ALLOWED: dict[str, set[str]] = {
     "losses": set(),
     "optim": set(),
     "sampling": {"model", "lora"},
+    "paging": {"lora", "optim"},  # reaches the trainer's AdamW states through a Protocol
 }
 TORCH_FREE = {"errors", "config", "domain", "cost", "store", "scheduler", "api", "demo"}
 HEAVY = ("torch", "transformers", "peft", "safetensors")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from loraplex.api.context import ServerContext
 from loraplex.domain.ids import TinkerPath
 from loraplex.domain.training_run import TrainingRun
-from loraplex.errors import NotFoundError, user_error
+from loraplex.errors import NotFoundError, QuotaError, user_error
 from loraplex.scheduler.catalog import ServedModel
 from loraplex.store.checkpoints import CheckpointRecord
 
@@ -28,7 +28,7 @@ def live_run(ctx: ServerContext, tenant: str, model_id: str, field: str = "model
     """Raises NotFoundError (unknown / foreign) or UserError (not in engine memory)."""
     run = ctx.stores.runs.identity(model_id, tenant, field)
     served = ctx.catalog.get(run.base_model)
-    if not served.scheduler.has_model(model_id):
+    if not served.lanes.has_model(model_id):
         raise user_error(field, f"training run {model_id!r} has no live state on this server "
                          "(its session ended or the server restarted); resume it from a "
                          "checkpoint with create_training_client_from_state")
@@ -46,8 +46,44 @@ def readable_checkpoint(ctx: ServerContext, tenant: str, path: str, field: str =
     return record, run.run
 
 
+def checkpoint_adapter_id(record: CheckpointRecord) -> str:
+    """Engine id of a checkpoint-backed sampler adapter: one per committed version of a path
+    (a checkpoint saved again under its name gets a new id)."""
+    return f"{checkpoint_adapter_prefix(record.path)}{record.created_at!r}"
+
+
+def checkpoint_adapter_prefix(path: TinkerPath) -> str:
+    """What every engine id of ``path``'s versions starts with."""
+    return f"ckpt:{path}@"
+
+
+def forget_checkpoint(ctx: ServerContext, path: TinkerPath) -> None:
+    """A checkpoint was deleted: drop its sampler adapters from every engine once no running
+    sample uses them (samplers of it are refused from now on)."""
+    for lanes in ctx.catalog.lanes():
+        lanes.drop_sampler_adapters(checkpoint_adapter_prefix(path))
+
+
 def owned_checkpoint(ctx: ServerContext, tenant: str, run_id: str, kind: str, name: str
                      ) -> CheckpointRecord:
     """The caller's own committed checkpoint ``{run_id}/{kind}/{name}`` (else 404)."""
     path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
     return ctx.stores.checkpoints.get_owned(path, tenant, "checkpoint_id")
+
+
+def check_run_quota(ctx: ServerContext, tenant: str) -> None:
+    """Raises QuotaError (HTTP 403) when the tenant already has its quota of live runs."""
+    live = sum(lanes.num_models(tenant) for lanes in ctx.catalog.lanes())
+    limit = ctx.config.quotas.max_training_runs
+    if live >= limit:
+        raise QuotaError(f"tenant has {live} live training runs (quota {limit}); finish "
+                         "sessions it no longer needs (their checkpoints stay)")
+
+
+def check_checkpoint_quota(ctx: ServerContext, tenant: str) -> None:
+    """Raises QuotaError when the tenant's stored checkpoints are at its byte quota."""
+    stored = ctx.stores.checkpoints.bytes_for_tenant(tenant)
+    limit = ctx.config.quotas.max_checkpoint_bytes
+    if stored >= limit:
+        raise QuotaError(f"path: the tenant's checkpoints hold {stored} bytes (quota {limit});"
+                         " delete some or let their TTL pass", field="path")

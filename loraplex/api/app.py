@@ -1,7 +1,8 @@
 """The app factory: one FastAPI app per `ServerContext`, no module-level state.
 
-Startup removes checkpoint directories a crash left uncommitted, runs one upkeep round,
-starts the clock loops and the periodic upkeep; shutdown stops them. The server is ready (and
+Startup moves checkpoint directories no record names (a crash left them uncommitted) to the
+data dir's quarantine folder, never deleting them; then it runs one upkeep round and starts the
+clock loops and the periodic upkeep; shutdown stops them. The server is ready (and
 ``/api/v1/healthz`` answers) once startup is done: the models were loaded before.
 """
 
@@ -22,6 +23,7 @@ from loraplex.api.routes import (
     futures,
     metrics,
     models,
+    openapi,
     runs,
     sampling,
     sessions,
@@ -32,13 +34,13 @@ from loraplex.api.routes import (
 )
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
-           stats, metrics, usage)
+           stats, metrics, usage, openapi)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx.stores.checkpoints.remove_orphans()
+        await asyncio.to_thread(ctx.stores.checkpoints.quarantine_unknown)
         await asyncio.to_thread(housekeeping.sweep, ctx)
         ctx.catalog.start()
         upkeep = asyncio.create_task(housekeeping.run_forever(ctx))
@@ -54,8 +56,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app = FastAPI(title="loraplex", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.ctx = ctx
-    app.state.key_cache = KeyCache()
-    app.state.metrics_registry = metrics.metrics_registry(ctx)
+    app.state.key_cache = KeyCache(ctx.config.key_cache_ttl_s)
+    app.state.metrics_registries = metrics.metrics_registries(ctx)
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)

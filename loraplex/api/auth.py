@@ -1,44 +1,91 @@
-"""Authentication: the ``X-API-Key`` header → tenant (tinker-api.md §1.2).
+"""Authentication: the ``X-API-Key`` header (or ``Authorization: Bearer``, what Prometheus
+scrapers send) → the calling `Principal` (tinker-api.md §1.2).
 
-Known keys map to their tenant; with ``--open`` any ``tml-`` key is its own tenant. Resolved
-keys are cached in memory (keys are never revoked while the server runs), so the hot path does
-not touch SQLite.
+Known keys map to their tenant (and operator flag); with ``--open`` any other ``tml-`` key is
+its own tenant. Resolved keys are cached in memory for ``key_cache_ttl_s`` (so a key revoked
+with ``loraplex keys revoke`` stops working within that time) in a bounded LRU, so the hot path
+rarely touches SQLite and a flood of distinct keys cannot grow the cache without bound.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from loraplex.api.context import ctx_of
+from loraplex.errors import AuthError
+from loraplex.store.keys import Principal
+
+MAX_CACHED_KEYS = 10_000
 
 
 class KeyCache:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tenants: dict[str, str] = {}
+    """Key → (principal, resolved at), least recently used first.
 
-    def tenant(self, request: Request) -> str:
-        key = request.headers.get("x-api-key")
+    Args:
+        ttl_s: how long a resolved key is trusted without asking the database again.
+        max_keys: most keys kept.
+    """
+
+    def __init__(self, ttl_s: float, max_keys: int = MAX_CACHED_KEYS) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+
+    def principal(self, request: Request) -> Principal:
+        key = presented_key(request)
+        now = time.monotonic()
         if key is not None:
             with self._lock:
-                cached = self._tenants.get(key)
-            if cached is not None:
-                return cached
+                cached = self._entries.get(key)
+                if cached is not None and now - cached[1] < self.ttl_s:
+                    self._entries.move_to_end(key)
+                    return cached[0]
         ctx = ctx_of(request)
-        tenant = ctx.stores.keys.tenant_for(key, open_access=ctx.config.open_access)
-        with self._lock:
-            self._tenants[key or ""] = tenant
-        return tenant
+        principal = ctx.stores.keys.principal_for(key, open_access=ctx.config.open_access)
+        if key is not None:
+            with self._lock:
+                self._entries[key] = (principal, now)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_keys:
+                    self._entries.popitem(last=False)
+        return principal
 
 
-async def authenticate(request: Request) -> str:
-    """FastAPI dependency: the calling tenant (AuthError → 401). Async on purpose: FastAPI
-    runs sync dependencies in a thread pool, a thread hop per request for a dict lookup."""
+def presented_key(request: Request) -> str | None:
+    """The API key of a request: ``X-API-Key``, else a bearer token."""
+    key = request.headers.get("x-api-key")
+    if key is None:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token:
+            key = token.strip()
+    return key
+
+
+async def authenticate(request: Request) -> Principal:
+    """FastAPI dependency: the caller (AuthError → 401). Async on purpose: FastAPI runs sync
+    dependencies in a thread pool, a thread hop per request for a dict lookup."""
     cache: KeyCache = request.app.state.key_cache
-    return cache.tenant(request)
+    return cache.principal(request)
 
 
-Tenant = Annotated[str, Depends(authenticate)]
+async def tenant_of(request: Request) -> str:
+    """FastAPI dependency: the calling tenant."""
+    return (await authenticate(request)).tenant
+
+
+async def caller_if_any(request: Request) -> Principal | None:
+    """FastAPI dependency for views open to anyone: the caller, or None without a valid key."""
+    try:
+        return await authenticate(request)
+    except AuthError:
+        return None
+
+
+Tenant = Annotated[str, Depends(tenant_of)]
+Caller = Annotated[Principal, Depends(authenticate)]

@@ -7,6 +7,7 @@ message naming the limit, and nothing more is buffered.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 from fastapi import Request
@@ -51,10 +52,16 @@ async def request_body(request: Request) -> tuple[ServerContext, bytes]:
     return ctx, await read_body(request, ctx.config.limits)
 
 
+OFF_LOOP_BYTES = 256 << 10
+"""JSON bodies larger than this are validated on a worker thread, not the event loop."""
+
+
 async def parse_body(request: Request, model: type[M]) -> tuple[ServerContext, M]:
     """The server context and the JSON body validated as ``model`` (HTTP 400 naming the
-    field)."""
+    field); a large body is parsed off the event loop."""
     ctx, raw = await request_body(request)
+    if len(raw) > OFF_LOOP_BYTES:
+        return ctx, await asyncio.to_thread(parse, model, raw)
     return ctx, parse(model, raw)
 
 

@@ -7,6 +7,7 @@ Checks against the base model (vocabulary, context length) use its `ModelInfo`.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Sequence
 
@@ -29,6 +30,25 @@ MAX_NUM_SAMPLES = 1024
 
 
 MAX_MODEL_SEQ_ID = 1 << 31
+MAX_PAGE_LIMIT = 1000
+MAX_PAGE_OFFSET = 1 << 40
+
+
+def page(limit: int, offset: int) -> tuple[int, int]:
+    """A list route's ``limit``/``offset``, bounded (SQLite integers are 64-bit)."""
+    if not 0 <= limit <= MAX_PAGE_LIMIT:
+        raise user_error("limit", f"must be in [0, {MAX_PAGE_LIMIT}], got {limit}")
+    if not 0 <= offset <= MAX_PAGE_OFFSET:
+        raise user_error("offset", f"must be in [0, 2^40], got {offset}")
+    return limit, offset
+
+
+def unix_time(value: float | None, field: str) -> float | None:
+    """A finite, non-negative Unix time (or None)."""
+    if value is not None and not (math.isfinite(value) and 0 <= value < 1e11):
+        raise user_error(field, f"expected Unix seconds, got {value}")
+    return value
+
 MAX_SEED = (1 << 63) - 1
 
 
@@ -77,7 +97,7 @@ def ttl_seconds(value: int | None, field: str = "ttl_seconds") -> int | None:
 
 
 def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt") -> array:
-    tokens = array("q")
+    tokens: list[int] = []
     for j, chunk in enumerate(prompt.chunks):
         if not isinstance(chunk, sdk.EncodedTextChunk):
             raise user_error(f"{field}.chunks[{j}]",
@@ -85,8 +105,8 @@ def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt"
         tokens.extend(chunk.tokens)
     if not tokens:
         raise user_error(field, "empty prompt")
-    check_tokens(tokens, info, field)
-    return tokens
+    check_tokens(tokens, info, field)  # before packing: an id past int64 cannot be packed
+    return array("q", tokens)
 
 
 def check_tokens(tokens: Sequence[int], info: ModelInfo, field: str) -> None:

@@ -5,9 +5,11 @@
 | NotFoundError               | 404  | user                    |
 | AuthError                   | 401  | user                    |
 | ConflictError               | 409  | user                    |
+| QuotaError                  | 403  | user                    |
 | PayloadTooLargeError        | 413  | user                    |
 | other UserError, bad schema | 400  | user                    |
 | CapacityError               | 429 (+ Retry-After) | server   |
+| StorageError                | 507 (+ x-should-retry: false) | server |
 | anything else               | 500 with an error id, never a trace | server |
 
 Every 4xx carries a JSON body naming the field (an empty 400 is retried by the SDK as a proxy
@@ -24,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loraplex.errors import (
     AuthError,
@@ -32,7 +35,9 @@ from loraplex.errors import (
     LoraplexError,
     NotFoundError,
     PayloadTooLargeError,
+    QuotaError,
     ServerError,
+    StorageError,
     UserError,
     server_bug,
     user_error,
@@ -46,12 +51,16 @@ def http_status(error: LoraplexError) -> int:
         return 401
     if isinstance(error, ConflictError):
         return 409
+    if isinstance(error, QuotaError):
+        return 403
     if isinstance(error, PayloadTooLargeError):
         return 413
     if isinstance(error, UserError):
         return 400
     if isinstance(error, CapacityError):
         return 429
+    if isinstance(error, StorageError):
+        return 507
     return 500
 
 
@@ -71,6 +80,8 @@ def failure_json(error: LoraplexError) -> dict[str, Any]:
 
 def error_response(error: LoraplexError) -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(error, CapacityError) else None
+    if isinstance(error, StorageError):  # a full or read-only disk: retrying at once won't help
+        headers = {"x-should-retry": "false"}
     return JSONResponse(error_body(error), status_code=http_status(error), headers=headers)
 
 
@@ -107,9 +118,35 @@ def install(app: FastAPI) -> None:
                                 if exc.status_code == 404 else UserError(str(exc.detail)))
         return JSONResponse(error_body(error), status_code=exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(server_bug(exc, f"{request.method} {request.url.path}"))
+    app.add_middleware(ServerBugMiddleware)
+
+
+class ServerBugMiddleware:
+    """Turns an unexpected exception into a 500 with an error id (never a trace) without
+    re-raising it, so the server keeps the client's keep-alive connection open. (Starlette's
+    own catch-all handler re-raises after answering, and uvicorn then closes the connection.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # a response is half-sent: nothing better to do than to drop it
+                raise
+            error = server_bug(exc, f"{scope.get('method')} {scope.get('path')}")
+            await error_response(error)(scope, receive, send)
 
 
 __all__ = ["ServerError", "error_body", "error_response", "failure_json", "from_validation",

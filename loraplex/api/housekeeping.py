@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from loraplex.api.access import forget_checkpoint
 from loraplex.api.context import ServerContext
 from loraplex.api.routes.sessions import release_session
 from loraplex.store.archive import sweep_archives
@@ -21,6 +22,8 @@ def sweep(ctx: ServerContext) -> None:
     """One round of upkeep (synchronous; also run once at startup)."""
     now = time.time()
     expired = ctx.stores.checkpoints.expire(now)
+    for path in expired:
+        forget_checkpoint(ctx, path)
     if expired:
         log.info("deleted %d expired checkpoints", len(expired))
     ctx.stores.sequences.expire(now)

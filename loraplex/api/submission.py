@@ -20,7 +20,7 @@ from typing import Any, ParamSpec
 from loraplex.api.access import LiveRun, live_run
 from loraplex.api.context import ServerContext
 from loraplex.domain.ops import Admitted, FailedOp, Op, RequestKind, SaveOp, WorkItem
-from loraplex.errors import UserError, user_error
+from loraplex.errors import LoraplexError, user_error
 
 P = ParamSpec("P")
 
@@ -60,7 +60,7 @@ def training_slot(ctx: ServerContext, tenant: str, model_id: object, seq_id: obj
     if not isinstance(seq_id, int) or isinstance(seq_id, bool) or seq_id < 1:
         raise user_error("seq_id", f"must be an integer ≥ 1, got {seq_id!r}")
     live = live_run(ctx, tenant, model_id)
-    previous = live.served.scheduler.previous_admission(model_id, seq_id)
+    previous = live.served.lanes.previous_admission(model_id, seq_id)
     return TrainingSlot(live, seq_id, new_request_id(), previous)
 
 
@@ -72,13 +72,14 @@ def json_slot(ctx: ServerContext, tenant: str, raw: bytes) -> TrainingSlot:
 
 
 def keeps_slot(build: Callable[P, Op]) -> Callable[P, Op]:
-    """Decorate an op builder: a `UserError` it raises becomes a `FailedOp` in the slot."""
+    """Decorate an op builder: a `LoraplexError` it raises (bad input, a full disk while
+    reserving a checkpoint, a quota) becomes a `FailedOp` in the slot."""
 
     @functools.wraps(build)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Op:
         try:
             return build(*args, **kwargs)
-        except UserError as exc:
+        except LoraplexError as exc:
             return FailedOp(exc.detached())
 
     return wrapper
@@ -96,7 +97,7 @@ def submit_training(ctx: ServerContext, tenant: str, slot: TrainingSlot, kind: R
         item = WorkItem(slot.request_id, tenant, kind, op, model_id=slot.model_id,
                         seq_id=slot.seq_id)
         try:
-            admitted = slot.live.served.scheduler.submit(item)
+            admitted = slot.live.served.lanes.submit(item)
         except BaseException:
             _release(ctx, op)
             raise

@@ -28,14 +28,16 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from loraplex.cli.config_sources import LoadedConfig, load_config
-from loraplex.config import DEFAULT_MODEL_NAME, SchedulerConfig, ServerConfig
+from loraplex.config import DEFAULT_MODEL_NAME, LoraplexConfig, SchedulerConfig, ServerConfig
 
 if TYPE_CHECKING:
     from loraplex.api.context import ServerContext
     from loraplex.scheduler.executor import BatchExecutor
+    from loraplex.scheduler.lanes import WorkerGroup
 
 log = logging.getLogger("loraplex.serve")
 
@@ -48,6 +50,10 @@ FLAG_KEYS: dict[str, str] = {
     "threads": "engine.num_threads",
     "token_budget": "scheduler.token_budget",
     "timeslice": "scheduler.timeslice",
+    "workers": "cluster.workers",
+    "ray_address": "cluster.ray_address",
+    "worker_resources": "cluster.worker_resources",
+    "adapter_memory_budget": "engine.adapter_memory_budget",
 }
 """argparse dest → the config key its flag sets. Every flag defaults to None, meaning "not
 given", so a flag overrides the environment and the file only when it is on the command line."""
@@ -82,6 +88,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                              f"(default {SchedulerConfig.token_budget})")
     parser.add_argument("--timeslice", action=argparse.BooleanOptionalAction,
                         help="naive baseline: one model per clock cycle (no packing)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="engine workers per model as Ray actors on a local Ray runtime "
+                             "(default 0: the engine runs in the server process)")
+    parser.add_argument("--ray-address", metavar="ADDR",
+                        help="join a running Ray cluster (ray start --head ...) instead")
+    parser.add_argument("--worker-resources", metavar="NAME=N[,...]",
+                        help="one worker's Ray bundle, e.g. CPU=1 or GPU=1 (default CPU=1)")
+    parser.add_argument("--adapter-memory-budget", type=int, metavar="BYTES",
+                        help="adapter state (LoRA + grads + Adam moments) a worker keeps on "
+                             "its device; idle adapters page out to host memory, then disk")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
@@ -106,27 +122,42 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = load_from_args(args).config
-        from loraplex.engine.executor import Engine
-
-        ctx = build_context(config.server, config.scheduler,
-                            lambda d: Engine(d, config.engine))
-    except LoraplexError as err:
+        ctx = build_context(config.server, config.scheduler, executors_of(config))
+    except (LoraplexError, OSError) as err:  # OSError: e.g. a model directory it cannot write
         print(f"error: {err}", file=sys.stderr)
         return 2
     serve(ctx)
     return 0
 
 
+def executors_of(config: LoraplexConfig) -> Callable[[str], BatchExecutor | WorkerGroup]:
+    """Model directory → its engine: in this process, or ``cluster.workers`` Ray actors.
+    Ray is imported only in the second case. Paged-out adapter state goes under the data dir
+    (``paged/``, scratch space) unless ``engine.page_dir`` says otherwise."""
+    engine = config.engine
+    if engine.page_dir is None and engine.adapter_memory_budget is not None:
+        engine = replace(engine, page_dir=os.path.join(config.server.data_dir, "paged"))
+    if not config.cluster.uses_ray:
+        from loraplex.engine.executor import Engine
+
+        return lambda model_dir: Engine(model_dir, engine)
+    from loraplex.cluster.ray_workers import RayWorkers
+
+    cluster = config.cluster if config.cluster.workers else replace(config.cluster, workers=1)
+    return RayWorkers(cluster, engine, config.scheduler).group
+
+
 def build_context(
     config: ServerConfig,
     scheduler_config: SchedulerConfig,
-    make_executor: Callable[[str], BatchExecutor],
+    make_executor: Callable[[str], BatchExecutor | WorkerGroup],
     resolve: Callable[[str, str], str] | None = None,
 ) -> ServerContext:
-    """Open the stores, load each distinct model source once, and wire the schedulers.
+    """Open the stores, load each distinct model source once, and wire its lanes.
 
     Args:
-        make_executor: model directory → `BatchExecutor` (the torch engine, or a test fake).
+        make_executor: model directory → its executor (the torch engine, or a test fake), or a
+            `WorkerGroup` of several (Ray workers); each executor gets a lane (a scheduler).
         resolve: ``(SOURCE, data_dir)`` → model directory (default: `resolve_source`).
     """
     from loraplex.api.context import ServerContext
@@ -135,23 +166,31 @@ def build_context(
     from loraplex.scheduler.catalog import Catalog, ServedModel
     from loraplex.scheduler.effects import Effects
     from loraplex.scheduler.futures import FutureStore
+    from loraplex.scheduler.lanes import Lanes, WorkerGroup
     from loraplex.scheduler.scheduler import Scheduler
     from loraplex.store.stores import open_stores
 
     stores = open_stores(config.data_dir)
-    futures = FutureStore(config.future_ttl_s, stores.futures)
+    futures = FutureStore(config.future_ttl_s, stores.futures,
+                          max_unfetched_bytes=config.quotas.max_unfetched_result_bytes)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
-    schedulers: dict[str, Scheduler] = {}
+
+    def make_scheduler(executor: BatchExecutor) -> Scheduler:
+        return Scheduler(executor, scheduler_config, futures, effects)
+
+    by_dir: dict[str, Lanes] = {}
     served = []
     for model in config.models:
         directory = os.path.realpath((resolve or resolve_source)(model.source, config.data_dir))
-        if directory not in schedulers:
+        if directory not in by_dir:
             log.info("loading %s from %s", model.source, directory)
-            schedulers[directory] = Scheduler(make_executor(directory), scheduler_config,
-                                              futures, effects)
-        scheduler = schedulers[directory]
-        served.append(ServedModel(model.name, model.source, scheduler,
-                                  scheduler.executor.model_info()))
+            made = make_executor(directory)
+            group = made if isinstance(made, WorkerGroup) else WorkerGroup([made])
+            lanes = by_dir[directory] = Lanes(make_scheduler, stores.checkpoints, group.spawn)
+            for executor in group.executors:
+                lanes.add_worker(executor)
+        lanes = by_dir[directory]
+        served.append(ServedModel(model.name, model.source, lanes, lanes.model_info()))
         stores.served_models.record(model.name, model.source, directory)
     return ServerContext(config, stores, Catalog(served), futures, UrlSigner(stores.secret))
 

@@ -75,10 +75,21 @@ class TinkerPath:
         return TinkerPath.parse(f"{TINKER_SCHEME}{run_id}/{checkpoint_id}", "checkpoint_id")
 
 
+MAX_NAME_BYTES = 200
+"""Longest checkpoint name in UTF-8 bytes: a path component (file systems allow 255 bytes; the
+store appends a 9-byte version suffix)."""
+
+
 def validate_checkpoint_name(name: str, field: str = "path") -> str:
-    """Checkpoint names become path components: no slashes, no dot-dot, not empty."""
+    """Checkpoint names become path components: no slashes, no dot-dot, not empty, at most
+    `MAX_NAME_BYTES` bytes of UTF-8."""
     if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
         raise user_error(field, f"invalid checkpoint name {name!r} (no '/', not empty)")
-    if len(name) > 200:
-        raise user_error(field, "checkpoint name longer than 200 characters")
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:
+        raise user_error(field, "checkpoint name is not valid Unicode text") from None
+    if size > MAX_NAME_BYTES:
+        raise user_error(field, f"checkpoint name is {size} bytes of UTF-8; at most "
+                         f"{MAX_NAME_BYTES} are allowed")
     return name

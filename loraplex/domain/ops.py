@@ -19,7 +19,7 @@ from loraplex.domain.results import ForwardBackwardResult, OptimStepResult, Prep
 from loraplex.domain.sampling import SampleResult
 from loraplex.domain.training_run import TrainingRun
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork
-from loraplex.errors import UserError
+from loraplex.errors import LoraplexError, UserError
 
 # Tinker's X-Tinker-Request-Type names, which are also the keys of the future kinds.
 RequestKind = Literal[
@@ -122,7 +122,7 @@ class FailedOp:
     (so later ops are not stuck behind a gap) and fails its own future when its turn comes.
     The error is detached (message and field only: no traceback holding the request)."""
 
-    error: UserError
+    error: LoraplexError
 
 
 Op = (CreateModelOp | LoadOp | ForwardBackwardWork | OptimStepWork | SaveOp | SnapshotOp

@@ -77,3 +77,26 @@ EngineResult = (ForwardBackwardResult | OptimStepResult | SaveResult | LoadResul
                 | AdapterReady)
 ItemOutcome = EngineResult | LoraplexError
 """What one work item's engine call ended with: a result, or the error that failed it alone."""
+
+
+@dataclass(frozen=True)
+class AdapterMemory:
+    """What an engine worker's adapters take (placement and the stats view read it).
+
+    Attributes:
+        resident_adapters: adapters whose state is in device memory.
+        bytes_resident: their LoRA weights + gradients + AdamW moments, in bytes.
+        budget_bytes: the worker's adapter memory budget (None: unbounded).
+        paged_adapters: adapters paged out (to host memory or disk).
+        bytes_host, bytes_disk: paged-out state kept in host memory / on disk.
+        page_outs, page_ins: adapters moved out of / back into device memory so far.
+    """
+
+    resident_adapters: int
+    bytes_resident: int
+    budget_bytes: int | None = None
+    paged_adapters: int = 0
+    bytes_host: int = 0
+    bytes_disk: int = 0
+    page_outs: int = 0
+    page_ins: int = 0

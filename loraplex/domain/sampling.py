@@ -10,6 +10,8 @@ from typing import Literal
 from loraplex.errors import user_error
 
 StopReason = Literal["stop", "length"]
+MAX_INT32 = 2**31 - 1
+"""Bound of ``max_tokens`` and ``top_k`` (the engine keeps them in integer tensors)."""
 
 
 @dataclass(frozen=True)
@@ -49,15 +51,17 @@ class SamplingParams:
 
     def validate(self, field: str = "sampling_params") -> SamplingParams:
         if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or self.max_tokens < 0
+            not isinstance(self.max_tokens, int) or not 0 <= self.max_tokens <= MAX_INT32
         ):
-            raise user_error(f"{field}.max_tokens", f"must be ≥ 0, got {self.max_tokens!r}")
+            raise user_error(f"{field}.max_tokens", f"must be in [0, 2^31), got "
+                             f"{self.max_tokens!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise user_error(f"{field}.temperature", f"must be ≥ 0, got {self.temperature!r}")
         if not (0 < self.top_p <= 1):
             raise user_error(f"{field}.top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise user_error(f"{field}.top_k", f"must be -1 (off) or ≥ 0, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_INT32:
+            raise user_error(f"{field}.top_k", f"must be -1 (off) or in [0, 2^31), got "
+                             f"{self.top_k!r}")
         return self
 
 

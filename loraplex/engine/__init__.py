@@ -1,5 +1,6 @@
 """The torch data plane: one frozen base model, many LoRA adapters, packed forward/backward,
-losses, per-adapter AdamW, the KV-cache sampler and checkpoint IO.
+losses, per-adapter AdamW, the KV-cache sampler, checkpoint IO, and adapter paging (device →
+host → disk) under a memory budget.
 
 Refuses to know about HTTP, SQLite, tenants as users, or scheduling policy: tensors and domain
 objects in, domain results out. It implements `loraplex.scheduler.executor.BatchExecutor`

@@ -218,8 +218,10 @@ def read_safetensors(path: str, device: torch.device | str) -> dict[str, torch.T
     try:
         return load_file(path, device=str(device))
     except (OSError, SafetensorError) as err:
+        # An OSError's text holds the absolute server path: name only the file and the cause.
+        cause = err.strerror if isinstance(err, OSError) else str(err)
         raise user_error("path", f"unreadable checkpoint file {os.path.basename(path)}: "
-                         f"{err}") from None
+                         f"{cause}") from None
 
 
 def fsync_path(path: str) -> None:

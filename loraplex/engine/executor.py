@@ -1,15 +1,20 @@
 """`Engine`: the torch implementation of the scheduler's `BatchExecutor` protocol.
 
 Composes the base model (`load_model`), the adapter bank, the training path (`Trainer`), the
-sampler and checkpoint IO behind the protocol's methods; holds no algorithm of its own.
-Satisfies the protocol structurally (the engine never imports the scheduler). Not thread-safe:
-the scheduler calls it from its single worker thread, one method at a time.
+adapter pager, the sampler and checkpoint IO behind the protocol's methods; holds no algorithm
+of its own. Every call that touches adapters runs inside a pager lease (`_resident`): its
+adapters are paged in and pinned first, and idle ones paged out to keep the memory budget.
+Satisfies the protocol structurally (the engine never imports the scheduler). Threads: one
+worker thread makes every call, except `save_adapter` and `read_checkpoint`, which may run on
+IO threads beside calls about other adapters (the pager's lock and pins keep a save's adapter
+in place).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -17,6 +22,7 @@ from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
+    AdapterMemory,
     FwdBwdOutcome,
     LoadResult,
     OptimOutcome,
@@ -30,6 +36,8 @@ from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.paging.memory_stats import MemoryStats
+from loraplex.engine.paging.pager import AdapterPager
 from loraplex.engine.peft_export import write_peft_adapter
 from loraplex.engine.sampling.sampler import Sampler
 from loraplex.engine.sampling.validation import check_sample_work
@@ -43,7 +51,8 @@ class Engine:
     Attributes:
         model_dir: the base model's directory (also ``base_model_name_or_path`` of PEFT
             exports).
-        model, bank, trainer: the parts it delegates to (and `sampler`, built on first use).
+        model, bank, trainer, pager: the parts it delegates to (and `sampler`, built on
+            first use).
     """
 
     def __init__(self, model_dir: str, config: EngineConfig) -> None:
@@ -54,18 +63,45 @@ class Engine:
         self.bank = AdapterBank(self.model.spec, self.model.device, config.max_lora_rank)
         self._info = self.model.model_info(config.max_context)
         self.trainer = Trainer(self.model, self.bank, self._info.max_context)
+        self.pager = AdapterPager(self.bank, self.trainer, budget=config.adapter_memory_budget,
+                                  host_budget=config.host_memory_budget,
+                                  page_dir=config.page_dir)
+        # Under a budget, checkpoints are read into host memory (the pager pages them in on
+        # use), so reads on IO threads never take device memory outside the budget.
+        self._read_device = (self.model.device if config.adapter_memory_budget is None
+                             else torch.device("cpu"))
         self._config = config
         self._sampler: Sampler | None = None  # built on first use: its KV cache is big
 
     def model_info(self) -> ModelInfo:
         return self._info
 
+    def memory_stats(self) -> MemoryStats:
+        """Where adapter state lives (device, host, disk), the budgets and paging counters, as
+        of the end of the last call; any thread, never waits for a page move."""
+        return self.pager.memory_stats()
+
+    def adapter_memory(self) -> AdapterMemory:
+        """`memory_stats` in the scheduler's vocabulary (placement, the stats view)."""
+        m = self.pager.memory_stats()
+        return AdapterMemory(resident_adapters=m.num_resident, bytes_resident=m.bytes_resident,
+                             budget_bytes=m.budget_bytes, paged_adapters=m.num_host + m.num_disk,
+                             bytes_host=m.bytes_host, bytes_disk=m.bytes_disk,
+                             page_outs=m.paging.page_outs, page_ins=m.paging.page_ins)
+
+    def close(self) -> None:
+        """Delete the paged-out adapters' scratch files (the engine is not used after)."""
+        self.pager.close()
+
     # ---- adapters ----------------------------------------------------------------------------
 
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
         self.bank.create(adapter_id, config)
+        self.pager.add(adapter_id)
+        self._drop_stacks(self.pager.settle())
 
     def delete_adapter(self, adapter_id: str) -> None:
+        self.pager.forget(adapter_id)
         self.bank.delete(adapter_id)
         self.trainer.forget(adapter_id)
         self._weights_changed([adapter_id])
@@ -74,54 +110,67 @@ class Engine:
         return adapter_id in self.bank
 
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
-        self.bank.snapshot(src_adapter_id, dst_adapter_id)
+        copy_bytes = 4 * self.bank.get(src_adapter_id).num_params  # the frozen fp32 copy
+        with self._resident([src_adapter_id], extra_bytes=copy_bytes):
+            self.bank.snapshot(src_adapter_id, dst_adapter_id)
+            self.pager.add(dst_adapter_id)
 
     def ensure_adapter(self, adapter_id: str, adapter_dir: str | None) -> None:
-        """Make ``adapter_id`` resident, loading its weights (frozen) from ``adapter_dir``.
+        """Load ``adapter_id``'s weights (frozen) from ``adapter_dir`` unless the engine has
+        it (resident or paged out: it is paged in when used).
 
         Raises:
             NotFoundError: not resident and no directory to load it from.
             UserError: the directory holds no usable checkpoint.
         """
+        self._load_frozen_adapter(adapter_id, adapter_dir)
+        self._drop_stacks(self.pager.settle())
+
+    def _load_frozen_adapter(self, adapter_id: str, adapter_dir: str | None) -> None:
+        """`ensure_adapter` without settling the budget (the caller's lease does)."""
         if adapter_id not in self.bank:
             self.bank.put(adapter_id, self._read_frozen_adapter(adapter_id, adapter_dir))
+            self.pager.add(adapter_id)
 
     def _read_frozen_adapter(self, adapter_id: str, adapter_dir: str | None) -> LoraAdapter:
         """``adapter_id``'s weights read from its checkpoint files (frozen); the bank is not
         touched, so this part could run off the engine's thread."""
         if adapter_dir is None:
             raise NotFoundError(f"adapter {adapter_id!r} is not loaded", field="model_id")
-        loaded = load_checkpoint(adapter_dir, self.model.spec, self.model.device,
+        loaded = load_checkpoint(adapter_dir, self.model.spec, self._read_device,
                                  with_optimizer=False, trainable=False)
         return loaded.adapter
 
     # ---- training ----------------------------------------------------------------------------
 
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
-        return self.trainer.forward_backward(works)
+        with self._resident(w.adapter_id for w in works):
+            return self.trainer.forward_backward(works)
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
-        outcomes = self.trainer.optim_step(works)
-        self._weights_changed([w.adapter_id for w in works])
+        with self._resident(w.adapter_id for w in works):
+            outcomes = self.trainer.optim_step(works)
+            self._weights_changed([w.adapter_id for w in works])
         return outcomes
 
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
-        """Weights (+ AdamW state, zeros before the first step) (+ PEFT files), atomically."""
-        adapter = self.bank.get(work.adapter_id)
-        optimizer = None
-        if work.with_optimizer and is_trainable(adapter):
-            optimizer = self.trainer.optimizer_state(work.adapter_id)
-            if optimizer is None:  # no step yet: save zero moments without keeping them
-                named = adapter.named_parameters()
-                optimizer = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+        """Weights (+ AdamW state, zeros before the first step) (+ PEFT files), atomically.
+        A paged-out adapter is saved from its host or disk copy, without paging it in."""
+        with self.pager.reading(work.adapter_id) as (adapter, state):
+            optimizer = None
+            if work.with_optimizer and is_trainable(adapter):
+                optimizer = state
+                if optimizer is None:  # no step yet: save zero moments without keeping them
+                    named = adapter.named_parameters()
+                    optimizer = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
 
-        def peft(directory: str) -> None:
-            write_peft_adapter(directory, adapter, self.model_dir)
+            def peft(directory: str) -> None:
+                write_peft_adapter(directory, adapter, self.model_dir)
 
-        size = save_checkpoint(work.directory, adapter, self.model.spec, optimizer,
-                               peft if work.peft_export else None)
+            size = save_checkpoint(work.directory, adapter, self.model.spec, optimizer,
+                                   peft if work.peft_export else None)
         return SaveResult(size)
 
     def read_checkpoint(self, work: LoadWork) -> LoadedAdapter:
@@ -133,7 +182,7 @@ class Engine:
             UserError: no usable checkpoint there, a different base model, a config differing
                 from ``work.expect_config``, a rank above the maximum, or missing optimizer state.
         """
-        loaded = load_checkpoint(work.directory, self.model.spec, self.model.device,
+        loaded = load_checkpoint(work.directory, self.model.spec, self._read_device,
                                  with_optimizer=work.with_optimizer and not work.frozen,
                                  trainable=not work.frozen, expect_config=work.expect_config)
         loaded.adapter.config.validate(self.bank.max_rank, field="path")
@@ -148,11 +197,14 @@ class Engine:
         """
         if not isinstance(prepared, LoadedAdapter):
             raise TypeError(f"not a checkpoint read by this engine: {type(prepared).__name__}")
+        self.pager.forget(adapter_id)
         self.bank.delete(adapter_id)
         self.bank.put(adapter_id, prepared.adapter)
-        if is_trainable(prepared.adapter):
-            self.trainer.set_optimizer_state(adapter_id, prepared.optimizer)
+        self.trainer.set_optimizer_state(
+            adapter_id, prepared.optimizer if is_trainable(prepared.adapter) else None)
+        self.pager.add(adapter_id)
         self._weights_changed([adapter_id])
+        self._drop_stacks(self.pager.settle())
         return LoadResult(prepared.config)
 
     def load_adapter(self, work: LoadWork) -> LoadResult:
@@ -164,11 +216,13 @@ class Engine:
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
                     ) -> list[SampleOutcome]:
-        """Make the admitted requests' adapters resident (`ensure_adapter`), then step the
-        sampler with the requests whose adapter is ready. A request whose adapter cannot be
-        loaded fails alone with that error."""
-        ready, failed = self._with_resident_adapters(admit)
-        return [*failed, *self.sampler.step(ready, max_decode_steps)]
+        """Load the admitted requests' missing adapters (`ensure_adapter`), page in theirs and
+        the running requests' adapters, then step the sampler with the requests whose adapter
+        is ready. A request whose adapter cannot be loaded fails alone with that error."""
+        ready, failed = self._with_loaded_adapters(admit)
+        needed = [w.adapter_id for w in ready if w.adapter_id is not None]
+        with self._resident([*needed, *self.sampler.adapter_ids()]):
+            return [*failed, *self.sampler.step(ready, max_decode_steps)]
 
     def num_running_samples(self) -> int:
         return 0 if self._sampler is None else self._sampler.num_running()
@@ -180,9 +234,9 @@ class Engine:
             self._sampler = Sampler(self.model, self.bank, self._config, self.model_dir)
         return self._sampler
 
-    def _with_resident_adapters(self, works: Sequence[SampleWork]
-                                ) -> tuple[list[SampleWork], list[SampleOutcome]]:
-        """The works whose adapter is (now) resident, and the failures of the others.
+    def _with_loaded_adapters(self, works: Sequence[SampleWork]
+                              ) -> tuple[list[SampleWork], list[SampleOutcome]]:
+        """The works whose adapter is (now) in the bank, and the failures of the others.
 
         A work that needs a load is validated first, so a bad request loads nothing and
         reports its own error (the sampler validates every work again on admission).
@@ -193,12 +247,28 @@ class Engine:
             try:
                 if work.adapter_id is not None and work.adapter_id not in self.bank:
                     check_sample_work(work, self.sampler.limits)
-                    self.ensure_adapter(work.adapter_id, work.adapter_dir)
+                    self._load_frozen_adapter(work.adapter_id, work.adapter_dir)
             except LoraplexError as exc:
                 failed.append((work.request_id, exc))
             else:
                 ready.append(work)
         return ready, failed
+
+    @contextmanager
+    def _resident(self, adapter_ids: Iterable[str], extra_bytes: int = 0) -> Iterator[None]:
+        """Page ``adapter_ids`` in and pin them for the block (see `AdapterPager.acquire`)."""
+        lease = self.pager.acquire(adapter_ids, extra_bytes)
+        self._drop_stacks(lease.paged_out)
+        try:
+            yield
+        finally:
+            self._drop_stacks(self.pager.release(lease))
+
+    def _drop_stacks(self, paged_out: Iterable[str]) -> None:
+        """Free the sampler's stacked copies of paged-out adapters (their versions stay)."""
+        if self._sampler is not None:
+            for adapter_id in paged_out:
+                self._sampler.drop_stacks(adapter_id)
 
     def _weights_changed(self, adapter_ids: Sequence[str]) -> None:
         """Tell the sampler that cached prefixes of these adapters are stale."""

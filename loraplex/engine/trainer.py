@@ -52,7 +52,7 @@ class _Prepared:
 
 def is_trainable(adapter: LoraAdapter) -> bool:
     """Training adapters have leaves that require grad; frozen sampler copies do not."""
-    return all(p.requires_grad for p in adapter.parameters())
+    return adapter.is_trainable
 
 
 class Trainer:

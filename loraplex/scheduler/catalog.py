@@ -1,5 +1,6 @@
-"""The served catalogue: each NAME a client may pass as ``base_model``, and the scheduler (one
-per loaded model source) that runs its work. Several names may share one scheduler.
+"""The served catalogue: each NAME a client may pass as ``base_model``, and the lanes (one
+scheduler per engine worker, `Lanes`) of the model source it names. Several names may share
+one source, and so one set of lanes.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from loraplex.domain.model import ModelInfo
 from loraplex.errors import user_error
-from loraplex.scheduler.clock import ClockLoop
+from loraplex.scheduler.lanes import Lanes
 from loraplex.scheduler.scheduler import Scheduler
 
 
@@ -20,24 +21,22 @@ class ServedModel:
     Attributes:
         name: what clients send and what the server echoes (HF-style repo id).
         source: ``--model`` SOURCE it was loaded from.
-        scheduler: the scheduler of that source's executor.
+        lanes: the schedulers of that source's workers, behind one routing facade.
         info: static facts of the base model.
     """
 
     name: str
     source: str
-    scheduler: Scheduler
+    lanes: Lanes
     info: ModelInfo
 
 
 class Catalog:
-    """Names → served models, plus the clock loops to start and stop."""
+    """Names → served models, plus the lanes to start and stop."""
 
     def __init__(self, models: list[ServedModel]) -> None:
         self._by_name = {m.name: m for m in models}
-        schedulers = {id(m.scheduler): m.scheduler for m in models}
-        self._loops = [ClockLoop(s, name=f"loraplex-clock-{i}")
-                       for i, s in enumerate(schedulers.values())]
+        self._lanes = list({id(m.lanes): m.lanes for m in models}.values())
 
     def get(self, name: str, field: str = "base_model") -> ServedModel:
         model = self._by_name.get(name)
@@ -49,13 +48,18 @@ class Catalog:
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._by_name.values())
 
+    def lanes(self) -> list[Lanes]:
+        """Each model source's lanes, once."""
+        return list(self._lanes)
+
     def schedulers(self) -> list[Scheduler]:
-        return [loop.scheduler for loop in self._loops]
+        """Every scheduler whose usage must be metered: live lanes' and lost ones'."""
+        return [s for lanes in self._lanes for s in lanes.all_schedulers()]
 
     def start(self) -> None:
-        for loop in self._loops:
-            loop.start()
+        for lanes in self._lanes:
+            lanes.start()
 
     def stop(self) -> None:
-        for loop in self._loops:
-            loop.stop()
+        for lanes in self._lanes:
+            lanes.stop()

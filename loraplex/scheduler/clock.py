@@ -1,4 +1,5 @@
-"""The clock loop: one dedicated thread per executor running plan → engine call → complete.
+"""The clock loop: one dedicated thread per executor running plan → engine call → complete;
+it stops when the executor's worker is lost and hands the scheduler to ``on_lost``.
 
 Engine calls block (torch), so they never run on the HTTP event loop. The thread sleeps on the
 scheduler's condition variable when there is nothing to do and is woken by every submit.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.scheduler import Scheduler
@@ -21,12 +23,16 @@ class ClockLoop:
     Args:
         scheduler: the state machine to drive (its executor is called from this thread only).
         idle_wait_s: longest sleep while idle (a wake-up normally comes first).
+        on_lost: called on this thread, after the loop stopped, when the scheduler's worker
+            was lost (None: the loop just stops).
     """
 
     def __init__(self, scheduler: Scheduler, name: str = "loraplex-clock",
-                 idle_wait_s: float = 1.0) -> None:
+                 idle_wait_s: float = 1.0,
+                 on_lost: Callable[[Scheduler], None] | None = None) -> None:
         self.scheduler = scheduler
         self.idle_wait_s = idle_wait_s
+        self._on_lost = on_lost
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -37,7 +43,8 @@ class ClockLoop:
         """Stop after the current plan; saves still writing on IO threads finish first."""
         self._stop.set()
         self.scheduler.wake()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # never started: nothing to wait for
+            self._thread.join(timeout)
         self.scheduler.close()
 
     @property
@@ -45,7 +52,7 @@ class ClockLoop:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.scheduler.lost is None:
             try:
                 plan = self.scheduler.wait_for_plan(self.idle_wait_s)
                 if plan is None:
@@ -54,3 +61,8 @@ class ClockLoop:
                 self.scheduler.complete(plan, outcome)
             except Exception:  # never let a bookkeeping bug stop the server's only worker
                 log.exception("clock loop step failed; continuing")
+        if self.scheduler.lost is not None and self._on_lost is not None:
+            try:
+                self._on_lost(self.scheduler)
+            except Exception:
+                log.exception("moving a lost worker's runs failed")

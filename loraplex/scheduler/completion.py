@@ -37,7 +37,7 @@ from loraplex.domain.ops import (
 from loraplex.domain.results import AdapterReady, ItemOutcome
 from loraplex.domain.usage import OpUsage
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SaveWork
-from loraplex.errors import LoraplexError, server_bug
+from loraplex.errors import LoraplexError, WorkerLostError, server_bug
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.residency import sample_op
 from loraplex.scheduler.runner import PlanOutcome
@@ -138,8 +138,9 @@ class Completion:
             case SaveOp():
                 work = SaveWork(adapter_id=op.model_id, directory=op.checkpoint.directory,
                                 with_optimizer=op.with_optimizer, peft_export=True)
-                self._finish_io(item, _guarded(lambda: self._s.executor.save_adapter(work),
-                                               "save_adapter"), began, started_at)
+                saved = _guarded(lambda: self._s.executor.save_adapter(work), "save_adapter",
+                                 self.effects.checkpoints.storage_error)
+                self._finish_io(item, saved, began, started_at)
             case LoadOp():
                 read = _guarded(lambda: self._s.executor.read_checkpoint(op.work),
                                 "read_checkpoint")
@@ -166,6 +167,8 @@ class Completion:
 
     def _finish_io(self, item: WorkItem, result: ItemOutcome, began: float,
                    started_at: float) -> None:
+        if isinstance(result, WorkerLostError) and self._s.io_lost(item, result):
+            return  # failed by the evacuation, with the restore checkpoint in its message
         io_s = time.perf_counter() - began
         with self._s.lock:
             queue = self._s.queue_of(item)
@@ -242,12 +245,15 @@ class Completion:
             self._s.futures.fail(item.request_id, error)
 
 
-def _guarded(call: Callable[[], T], what: str) -> T | LoraplexError:
-    """``call()``, or the error that failed it (an unexpected exception is a logged bug)."""
+def _guarded(call: Callable[[], T], what: str,
+             translate: Callable[[BaseException], LoraplexError] | None = None
+             ) -> T | LoraplexError:
+    """``call()``, or the error that failed it: an unexpected exception is ``translate``d (a
+    checkpoint write's full disk), else a logged bug."""
     try:
         return call()
     except LoraplexError as exc:
         return exc
     except Exception as exc:
-        return server_bug(exc, what)
+        return translate(exc) if translate is not None else server_bug(exc, what)
 

@@ -86,9 +86,14 @@ class Effects:
                 return WeightsLoaded(op.work.adapter_id, str(op.path))
             case SaveOp():
                 expect(result, SaveResult, item)
-                if op.encrypt_to:
-                    encrypt_directory(op.checkpoint.directory, op.encrypt_to)
-                record = self.checkpoints.commit(op.checkpoint)
+                try:
+                    if op.encrypt_to:
+                        encrypt_directory(op.checkpoint.directory, op.encrypt_to)
+                    record = self.checkpoints.commit(op.checkpoint)
+                except LoraplexError:
+                    raise
+                except Exception as exc:  # a full or read-only disk: say so, not "a bug"
+                    raise self.checkpoints.storage_error(exc) from None
                 return CheckpointSaved(str(record.path), record.size_bytes, record.path.kind)
             case SnapshotOp():
                 ready = expect(result, AdapterReady, item)

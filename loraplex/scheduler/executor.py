@@ -18,6 +18,7 @@ from typing import Protocol
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
+    AdapterMemory,
     FwdBwdOutcome,
     LoadResult,
     OptimOutcome,
@@ -91,4 +92,12 @@ class BatchExecutor(Protocol):
 
     def num_running_samples(self) -> int:
         """Requests admitted by `sample_step` and not yet returned."""
+        ...
+
+    def adapter_memory(self) -> AdapterMemory:
+        """What the resident (and paged-out) adapters take; cheap, any thread."""
+        ...
+
+    def close(self) -> None:
+        """Release the worker (the server is stopping); no call follows."""
         ...

@@ -34,7 +34,8 @@ class DeficitRoundRobin:
         self._order: list[str] = []
 
     def select(self, queues: Mapping[str, Sequence[WorkItem]], budget: int,
-               allow_oversize: bool = True) -> list[WorkItem]:
+               allow_oversize: bool = True, caps: Mapping[str, int] | None = None
+               ) -> list[WorkItem]:
         """Pick items to run now.
 
         Args:
@@ -42,7 +43,11 @@ class DeficitRoundRobin:
             budget: most total cost to select.
             allow_oversize: when nothing fits, still take the first head (a single op larger
                 than the budget runs alone instead of never).
+            caps: per tenant, the cost after which it takes nothing more this time (it always
+                gets its first affordable item); tenants without one are uncapped.
         """
+        caps = caps or {}
+        taken: dict[str, int] = {}
         pending = {t: list(items) for t, items in queues.items() if items}
         self._deficit = {t: d for t, d in self._deficit.items() if t in pending}
         self._order = [t for t in self._order if t in pending] + sorted(
@@ -63,9 +68,14 @@ class DeficitRoundRobin:
                     chosen.append(queue.pop(0))
                     self._deficit[tenant] -= price
                     used += price
+                    taken[tenant] = taken.get(tenant, 0) + price
                     progress = True
-                if not queue:
-                    self._deficit[tenant] = 0
+                    if tenant in caps and taken[tenant] >= caps[tenant]:
+                        queue.clear()  # its share of this call is used; credit stays
+                        break
+                else:
+                    if not queue:
+                        self._deficit[tenant] = 0
             if not progress:
                 self._skip_empty_rounds(pending)
         return self._rotate(chosen)

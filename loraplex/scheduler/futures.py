@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
-from loraplex.domain.ops import FutureResult, RequestKind
-from loraplex.errors import LoraplexError, NotFoundError, ServerError, UserError
+from loraplex.domain.ops import (
+    CheckpointSaved,
+    FutureResult,
+    ModelCreated,
+    RequestKind,
+    Sampled,
+    SamplerSnapshotReady,
+    WeightsLoaded,
+)
+from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
+from loraplex.errors import CapacityError, LoraplexError, NotFoundError, ServerError, UserError
 from loraplex.store.futures import FutureJournal
 
 FETCHED_GRACE_S = 120.0
@@ -35,6 +46,7 @@ class FutureEntry:
     error: LoraplexError | None = None
     completed_at: float | None = None
     fetched_at: float | None = None
+    size_bytes: int = 0
     waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -44,15 +56,35 @@ class FutureStore:
     Args:
         ttl_s: unfetched completed results are dropped this long after completion.
         journal: durable record of request ids and outcomes (optional).
+        max_unfetched_bytes: per tenant, the completed results (and failures) not fetched yet
+            that it may hold; `check_room` refuses new work past it.
     """
 
     def __init__(self, ttl_s: float, journal: FutureJournal | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_unfetched_bytes: int | None = None) -> None:
         self.ttl_s = ttl_s
+        self.max_unfetched_bytes = max_unfetched_bytes
         self._journal = journal
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, FutureEntry] = {}
+        self._unfetched: Counter[str] = Counter()
+
+    def unfetched_bytes(self, tenant: str) -> int:
+        """Bytes of the tenant's completed results (and failures) nobody fetched yet."""
+        with self._lock:
+            return self._unfetched[tenant]
+
+    def check_room(self, tenant: str) -> None:
+        """Raises CapacityError (HTTP 429) while the tenant is at its unfetched-result quota."""
+        if self.max_unfetched_bytes is None:
+            return
+        held = self.unfetched_bytes(tenant)
+        if held >= self.max_unfetched_bytes:
+            raise CapacityError(f"tenant holds {held} bytes of results it has not fetched "
+                                f"(quota {self.max_unfetched_bytes}): fetch them with "
+                                "retrieve_future, or wait for them to expire")
 
     def create(self, request_id: str, tenant: str, kind: RequestKind) -> None:
         with self._lock:
@@ -109,6 +141,7 @@ class FutureStore:
             entry = self._entries.get(request_id)
             if entry is not None and entry.fetched_at is None:
                 entry.fetched_at = self._clock()
+                self._release(entry)
 
     def sweep(self) -> int:
         """Drop fetched entries after the grace period and unfetched ones after the TTL."""
@@ -118,8 +151,16 @@ class FutureStore:
                 (e.fetched_at is not None and now - e.fetched_at > FETCHED_GRACE_S)
                 or (e.completed_at is not None and now - e.completed_at > self.ttl_s))]
             for rid in stale:
-                del self._entries[rid]
+                self._release(self._entries.pop(rid))
         return len(stale)
+
+    def _release(self, entry: FutureEntry) -> None:
+        """Stop counting ``entry`` against its tenant's unfetched bytes (lock held)."""
+        if entry.size_bytes:
+            self._unfetched[entry.tenant] -= entry.size_bytes
+            if self._unfetched[entry.tenant] <= 0:
+                del self._unfetched[entry.tenant]
+            entry.size_bytes = 0
 
     def num_pending(self) -> int:
         with self._lock:
@@ -133,9 +174,29 @@ class FutureStore:
                 return
             entry.is_done, entry.result, entry.error = True, result, error
             entry.completed_at = self._clock()
+            entry.size_bytes = (len(error.message) if error is not None
+                                else result_nbytes(result))
+            self._unfetched[entry.tenant] += entry.size_bytes
             waiters, entry.waiters = entry.waiters, []
         if self._journal is not None:
             self._journal.completed(request_id, None if error is None else error.message,
                                     None if error is None else error.category)
         for notify in waiters:
             notify()
+
+
+def result_nbytes(result: FutureResult | None) -> int:
+    """About how many bytes a completed result holds (its arrays; a small record otherwise)."""
+    match result:
+        case ForwardBackwardResult():
+            return 4 * sum(len(a) for a in (*result.logprobs, *result.elementwise_loss)) + 256
+        case Sampled():
+            sequences = result.result.sequences
+            topk = sum(4 * len(s.topk_logprobs.token_ids) * 2 for s in sequences
+                       if s.topk_logprobs is not None)
+            return 8 * sum(len(s.tokens) for s in sequences) + topk + 256
+        case (ModelCreated() | WeightsLoaded() | CheckpointSaved() | SamplerSnapshotReady()
+              | OptimStepResult() | None):
+            return 256
+        case _:
+            assert_never(result)

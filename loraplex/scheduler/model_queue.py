@@ -14,7 +14,7 @@ Invariants (tinker-api.md §6.2):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import assert_never
 
 from loraplex.domain.ops import (
@@ -32,6 +32,8 @@ from loraplex.errors import user_error
 
 SEEN_MEMORY = 4096
 """How many finished seq_ids a queue remembers for dedupe (older retries are refused)."""
+SKIPPED_MEMORY = 64
+"""How many skipped seq_id ranges a queue remembers (for the error a late op gets)."""
 
 
 class ModelQueue:
@@ -44,7 +46,8 @@ class ModelQueue:
     """
 
     def __init__(self, model_id: str, tenant: str, first_seq: int = 0,
-                 base_model: str | None = None, now: float = 0.0) -> None:
+                 base_model: str | None = None, now: float = 0.0,
+                 max_ahead: int = 4096) -> None:
         self.model_id = model_id
         self.tenant = tenant
         self.base_model = base_model
@@ -53,7 +56,8 @@ class ModelQueue:
         self._num_running = 0
         self._pending: dict[int, WorkItem] = {}
         self._seen: OrderedDict[int, Admitted] = OrderedDict()
-        self._skipped: set[int] = set()
+        self.max_ahead = max_ahead
+        self._skipped: deque[range] = deque(maxlen=SKIPPED_MEMORY)
 
     @property
     def is_busy(self) -> bool:
@@ -68,12 +72,16 @@ class ModelQueue:
         """Queue ``item`` at its seq_id.
 
         Raises:
-            UserError: the seq_id was already executed (and is no longer remembered), or the
-                gap timeout gave up waiting for it.
+            UserError: the seq_id was already executed (and is no longer remembered), the gap
+                timeout gave up waiting for it, or it is more than ``max_ahead`` past the next
+                expected one (nothing is queued then: a far-off id would stall the model).
         """
         seq = item.seq_id
         assert seq is not None, "training ops carry a seq_id"
-        if seq in self._skipped:
+        if seq > self.next_seq + self.max_ahead:
+            raise user_error("seq_id", f"{seq} is more than {self.max_ahead} past the next "
+                             f"expected seq_id {self.next_seq} of model {self.model_id!r}")
+        if any(seq in skipped for skipped in self._skipped):
             raise user_error("seq_id", f"{seq} of model {self.model_id!r} arrived after the "
                              "gap timeout gave up waiting for it; the ops after it were failed")
         if seq < self.next_seq or seq in self._pending:
@@ -130,6 +138,12 @@ class ModelQueue:
     def waiting_items(self) -> list[WorkItem]:
         return list(self._pending.values())
 
+    def take_waiting(self) -> list[WorkItem]:
+        """Remove and return every waiting op, in seq order (a lost worker's run)."""
+        waiting = [self._pending[s] for s in sorted(self._pending)]
+        self._pending.clear()
+        return waiting
+
     def gap(self) -> bool:
         """Ops are waiting but the next seq_id has not arrived."""
         return bool(self._pending) and self.next_seq not in self._pending
@@ -147,7 +161,7 @@ class ModelQueue:
         stuck = [self._pending[s] for s in sorted(self._pending)]
         last = stuck[-1].seq_id
         assert last is not None
-        self._skipped.update(s for s in range(self.next_seq, last + 1) if s not in self._pending)
+        self._skipped.append(range(self.next_seq, last + 1))  # retries of stuck ids dedupe first
         self._pending.clear()
         self.next_seq = last + 1
         self._num_running += len(stuck)

@@ -6,6 +6,14 @@ round-robin up to ``token_budget`` datum tokens (``timeslice``: one model per cy
 whose ready work waited longest, so models take turns in arrival order)
 and adds a model's optim_step when all of its run's batch ops made it in, so that step lands in
 the same cycle as the forward_backward before it.
+
+Latency fairness: a tenant flooding the server with ready work must not make every cycle long,
+or the light tenants' steps (whose latency is one cycle) wait behind it. So while other tenants
+have been active within ``latency_fair_window_s``, a tenant takes at most about as many tokens
+per cycle as the largest demand any of them had when it was last ready, or
+``latency_fair_floor_tokens`` if that is more (always at least one op); alone, a tenant fills
+the whole ``token_budget``. The flooder's throughput drops while
+others train, and recovers the moment they stop.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ class CyclePacker:
 
     def __init__(self, quantum: int) -> None:
         self._fairness = DeficitRoundRobin(quantum)
+        self._last_demand: dict[str, tuple[int, float]] = {}  # tenant → (tokens, when)
 
-    def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig) -> PackedCycle:
+    def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig, now: float = 0.0
+             ) -> PackedCycle:
         """Choose the cycle's ops from ``runs`` (model id → its non-empty ready run) under
         ``config.token_budget`` (``config.timeslice``: one model)."""
         fwd = {m: [it for it in r if not isinstance(it.op, OptimStepWork)]
@@ -60,7 +70,8 @@ class CyclePacker:
             by_tenant: defaultdict[str, list[WorkItem]] = defaultdict(list)
             for m in order:
                 by_tenant[runs[m][0].tenant].extend(fwd[m])
-            chosen = self._fairness.select(by_tenant, config.token_budget)
+            caps = self._caps(by_tenant, config, now)
+            chosen = self._fairness.select(by_tenant, config.token_budget, caps=caps)
         taken = Counter(it.model_id for it in chosen)
         batch: list[WorkItem] = []
         optim: list[WorkItem] = []
@@ -77,6 +88,21 @@ class CyclePacker:
             if items:
                 started[model_id] = items
         return PackedCycle(tuple(batch), tuple(optim), started)
+
+
+    def _caps(self, by_tenant: dict[str, list[WorkItem]], config: SchedulerConfig, now: float
+              ) -> dict[str, int]:
+        """Per-tenant token caps for this cycle (see the module docstring)."""
+        window_s = config.latency_fair_window_s
+        for tenant, items in by_tenant.items():
+            self._last_demand[tenant] = (sum(it.num_tokens for it in items), now)
+        self._last_demand = {t: v for t, v in self._last_demand.items()
+                             if now - v[1] <= window_s}
+        if window_s <= 0 or len(self._last_demand) < 2:
+            return {}
+        return {t: max(config.latency_fair_floor_tokens,
+                       *(d for other, (d, _) in self._last_demand.items() if other != t))
+                for t in by_tenant}
 
 
 def _prefix_within(items: list[WorkItem], budget: int) -> list[WorkItem]:

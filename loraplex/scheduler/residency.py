@@ -113,6 +113,11 @@ class AdapterResidency:
         if inflight is not None:
             self._doom(inflight)
 
+    def drop_prefix(self, prefix: str) -> None:
+        """Doom every live version whose id starts with ``prefix``."""
+        for adapter_id in sorted(a for a in self._live if a.startswith(prefix)):
+            self._doom(adapter_id)
+
     def take_releasable(self) -> list[str]:
         """Doomed versions no running sample uses any more (removed from the bookkeeping)."""
         ready = sorted(a for a in self._doomed if self._refs[a] <= 0)

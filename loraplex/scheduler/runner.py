@@ -34,7 +34,7 @@ from loraplex.domain.ops import (
 )
 from loraplex.domain.results import AdapterReady, ItemOutcome
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
-from loraplex.errors import LoraplexError, ServerError, server_bug
+from loraplex.errors import LoraplexError, ServerError, WorkerLostError, server_bug
 from loraplex.scheduler.executor import BatchExecutor
 
 T = TypeVar("T")
@@ -51,6 +51,8 @@ class PlanOutcome:
         train_s, optim_s: a cycle's forward_backward and optim_step parts of ``engine_s``.
         bug: the server error raised for a whole-call failure of a sample step or a release
             (None when the call worked; a cycle's failed calls fail their own items instead).
+        lost: the engine worker died during the plan: nothing of it may be trusted, and the
+            scheduler hands every item it holds to whoever moves its runs elsewhere.
     """
 
     outcomes: dict[str, ItemOutcome] = field(default_factory=dict)
@@ -59,6 +61,7 @@ class PlanOutcome:
     train_s: float = 0.0
     optim_s: float = 0.0
     bug: ServerError | None = None
+    lost: WorkerLostError | None = None
 
 
 def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
@@ -66,6 +69,8 @@ def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
     start = time.perf_counter()
     try:
         _dispatch(executor, plan, out)
+    except WorkerLostError as exc:
+        out.lost = exc
     except Exception as exc:  # a bug in the engine call: isolate it, keep the loop alive
         out.bug = server_bug(exc, type(plan).__name__)
     out.engine_s = time.perf_counter() - start
@@ -130,6 +135,8 @@ def _call(out: PlanOutcome, items: Sequence[tuple[WorkItem, T]],
         if len(outcomes) != len(items):
             raise RuntimeError(f"executor returned {len(outcomes)} outcomes for "
                                f"{len(items)} works")
+    except WorkerLostError:
+        raise
     except Exception as exc:  # a bug in the engine call: isolate it, keep the loop alive
         error = server_bug(exc, what)
         for item, _ in items:
@@ -157,6 +164,8 @@ def _control(executor: BatchExecutor, item: WorkItem) -> ItemOutcome:
                 raise AssertionError(f"{item.request_id}: {item.kind} is not a control op")
             case _:
                 assert_never(op)
+    except WorkerLostError:
+        raise
     except LoraplexError as exc:  # a single-item call fails that item alone
         return exc
 
@@ -165,6 +174,8 @@ def _install(executor: BatchExecutor, plan: InstallPlan, out: PlanOutcome) -> No
     for install in plan.installs:
         try:
             result = executor.install_adapter(install.adapter_id, install.prepared)
+        except WorkerLostError:
+            raise
         except LoraplexError as exc:
             if install.item is None:
                 out.install_errors[install.adapter_id] = exc

@@ -95,6 +95,16 @@ class SampleQueue:
             self._remove_waiting(item)
         return taken
 
+    def take_all(self) -> list[WorkItem]:
+        """Remove and return every waiting and running request (a lost worker's)."""
+        taken = [*self.waiting_items(), *self._running.values()]
+        self._waiting.clear()
+        self._running.clear()
+        self._reserved.clear()
+        self._engine_s.clear()
+        self.num_reserved = 0
+        return taken
+
     def _remove_waiting(self, item: WorkItem) -> None:
         queue = self._waiting[item.tenant]
         queue.remove(item)

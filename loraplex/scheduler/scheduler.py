@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
+from typing import assert_never
 
 from loraplex.config import SchedulerConfig
+from loraplex.domain.ids import TinkerPath
 from loraplex.domain.ops import (
     Admitted,
     ControlPlan,
@@ -52,6 +55,7 @@ from loraplex.domain.ops import (
     ExpirePlan,
     Install,
     InstallPlan,
+    LoadOp,
     Plan,
     PlanStart,
     ReleasePlan,
@@ -60,10 +64,18 @@ from loraplex.domain.ops import (
     does_file_work,
     new_run_of,
 )
-from loraplex.errors import CapacityError, NotFoundError, user_error
-from loraplex.scheduler.completion import Completion
+from loraplex.domain.work import LoadWork
+from loraplex.errors import (
+    CapacityError,
+    LoraplexError,
+    NotFoundError,
+    WorkerLostError,
+    user_error,
+)
+from loraplex.scheduler.completion import Completion, Finished
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.engine_share import EngineShare
+from loraplex.scheduler.evacuation import EvacuatedRun, Evacuation
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.io_workers import IoWorkers, Job, ThreadedIo
@@ -115,6 +127,10 @@ class Scheduler:
         self._installs: list[Install] = []
         self._reading: set[str] = set()  # sampler adapters being read or waiting to install
         self._jobs: list[Job] = []  # IO jobs to submit once the lock is released
+        self.lost: WorkerLostError | None = None  # the worker died: hand everything over
+        self._lost_plan: Plan | None = None
+        self._lost_io: list[WorkItem] = []  # saves / reads the worker died under
+        self._evacuated = False
         self.residency = AdapterResidency(config.max_sampler_snapshots_per_model,
                                           config.max_checkpoint_samplers)
         self._done = Completion(self, effects)
@@ -134,6 +150,8 @@ class Scheduler:
         admitted = Admitted(item.request_id, sample_sequence_ids)
         item = replace(item, enqueued_at=self._clock())
         with self._lock:
+            if self.lost is not None:  # HTTP 500: the SDK resubmits, to a live lane
+                raise WorkerLostError(f"{self.lost.message}; resubmit")
             try:
                 if item.model_id is not None:
                     duplicate = self._offer_training(item, admitted)
@@ -156,14 +174,17 @@ class Scheduler:
         new_run = new_run_of(item.op)
         if queue is None and new_run is not None:
             queue = self._queues[model_id] = ModelQueue(
-                model_id, item.tenant, base_model=new_run.base_model, now=item.enqueued_at)
+                model_id, item.tenant, base_model=new_run.base_model, now=item.enqueued_at,
+                max_ahead=self.config.max_seq_ahead)
         if queue is None or queue.tenant != item.tenant or model_id in self._closing:
             raise NotFoundError(f"model_id: no live training run {model_id!r}", field="model_id")
         previous = queue.admitted_for(seq)
         if previous is not None:
             return previous
         if self._over_limit(item.tenant) and seq != queue.next_seq:
+            # the op a queue waits on is never refused: its chunks arrive out of order
             raise CapacityError(f"tenant has {self._inflight[item.tenant]} ops in flight; retry")
+        self.futures.check_room(item.tenant)
         queue.offer(item, admitted)
         return None
 
@@ -172,8 +193,7 @@ class Scheduler:
         key = item.sampler_key
         if key is not None and key in self._sample_seen:
             return item, self._sample_seen[key]
-        if self._over_limit(item.tenant):
-            raise CapacityError(f"tenant has {self._inflight[item.tenant]} ops in flight; retry")
+        self._check_room(item.tenant)
         item = replace(item, op=self.residency.bind(sample_op(item)))
         self._samples.add(item)
         if key is not None:
@@ -184,6 +204,19 @@ class Scheduler:
 
     def _over_limit(self, tenant: str) -> bool:
         return self._inflight[tenant] >= self.config.max_inflight_per_tenant
+
+    def _check_room(self, tenant: str) -> None:
+        """Raises CapacityError (HTTP 429, the SDK backs off) for a tenant at its in-flight
+        limit or holding too many unfetched results."""
+        if self._over_limit(tenant):
+            raise CapacityError(f"tenant has {self._inflight[tenant]} ops in flight; retry")
+        self.futures.check_room(tenant)
+
+    def num_models(self, tenant: str) -> int:
+        """The tenant's live training runs on this scheduler."""
+        with self._lock:
+            return sum(q.tenant == tenant and m not in self._closing
+                       for m, q in self._queues.items())
 
     def previous_admission(self, model_id: str, seq_id: int) -> Admitted | None:
         """The admission of an earlier submit of ``(model_id, seq_id)``, if remembered."""
@@ -201,6 +234,13 @@ class Scheduler:
             if model_id in self._queues:
                 self._closing.add(model_id)
                 self.notify_locked()
+
+    def drop_sampler_adapters(self, prefix: str) -> None:
+        """Forget the sampler adapters whose id starts with ``prefix`` (a deleted checkpoint);
+        each leaves the engine once no running sample uses it."""
+        with self._lock:
+            self.residency.drop_prefix(prefix)
+            self.notify_locked()
 
     def queue_state(self, tenant: str) -> str:
         """The SDK's queue state for the tenant's pending futures (tinker-api.md §4.2)."""
@@ -272,6 +312,8 @@ class Scheduler:
                 return plan, generation
 
     def _plan_locked(self, now: float | None = None) -> Plan | None:
+        if self.lost is not None:
+            return None
         began = time.perf_counter()
         now = self._clock() if now is None else now
         self._start_io(now)
@@ -367,7 +409,7 @@ class Scheduler:
         return self._build_cycle(runs, now)
 
     def _build_cycle(self, runs: dict[str, list[WorkItem]], now: float) -> CyclePlan:
-        packed = self._packer.pack(runs, self.config)
+        packed = self._packer.pack(runs, self.config, now)
         for model_id, items in packed.started.items():
             self._queues[model_id].start(items, now)
         return CyclePlan(packed.batch, packed.optim)
@@ -379,7 +421,13 @@ class Scheduler:
         return SamplePlan(tuple(admit), self.config.decode_steps_per_cycle)
 
     def complete(self, plan: Plan, outcome: PlanOutcome) -> None:
-        """Apply the outcome of ``plan``: effects, futures, queue advance, usage, metrics."""
+        """Apply the outcome of ``plan``: effects, futures, queue advance, usage, metrics. If
+        the worker was lost during it, nothing is applied: `evacuate` hands it over."""
+        if outcome.lost is not None:
+            with self._lock:
+                self.lost, self._lost_plan = outcome.lost, plan
+                self.notify_locked()
+            return
         began = time.perf_counter()
         finished = self._done.finish_plan(plan, outcome)
         usage = [self._done.deliver(f) for f in finished]
@@ -393,6 +441,64 @@ class Scheduler:
             self._done.installed_sampler_adapters(plan, outcome)
         self.metrics.plan_done(plan, outcome, [f.item for f in finished], usage, num_running,
                                time.perf_counter() - began)
+
+    # ---- a lost worker (the lane's clock loop has stopped) --------------------------------
+
+    def io_lost(self, item: WorkItem, error: WorkerLostError) -> bool:
+        """A save or read found the worker dead: the lane stops, and the op is failed with the
+        others by the evacuation (True), unless that already ran (False: fail it yourself)."""
+        with self._lock:
+            if self._evacuated:
+                return False
+            self._lost_io.append(item)
+            if self.lost is None:
+                self.lost = error
+            self.notify_locked()
+            return True
+
+    def evacuate(self) -> Evacuation:
+        """Take every op this scheduler holds (the lost plan's, saves and reads the worker died
+        under, waiting training ops, waiting and running samples) and its live runs; nothing is
+        left to run here."""
+        with self._lock:
+            self._evacuated = True
+            items = [(it, self._queues[it.model_id].base_model if it.model_id else None)
+                     for it in (*_items_of(self._lost_plan), *self._lost_io)]
+            runs = []
+            for model_id, queue in self._queues.items():
+                waiting = queue.take_waiting()
+                items += [(it, queue.base_model) for it in waiting]
+                last = max((it.seq_id or 0 for it in waiting), default=queue.next_seq - 1)
+                if model_id not in self._closing:
+                    runs.append(EvacuatedRun(model_id, queue.tenant, queue.base_model,
+                                             max(last + 1, queue.next_seq)))
+                self._closing.add(model_id)
+            items += [(it, sample_op(it).base_model) for it in self._samples.take_all()]
+            for item, _ in items:
+                self.op_done(item.tenant)
+            return Evacuation(tuple(items), tuple(runs))
+
+    def fail_evacuated(self, items: Sequence[tuple[WorkItem, str | None]],
+                       error_for: Callable[[WorkItem], LoraplexError]) -> None:
+        """Fail what `evacuate` took, each op with its own error."""
+        self.usage.add([self._done.deliver(Finished(item, error_for(item), 0.0, base_model))
+                        for item, base_model in items])
+
+    def adopt(self, run: EvacuatedRun, restore: LoadWork, path: TinkerPath) -> None:
+        """Take over a lost worker's run: its adapter is restored from ``restore`` (an op of
+        the run's own, just before the client's next seq_id) before its next op runs."""
+        item = WorkItem(f"req-restore-{uuid.uuid4().hex}", run.tenant, "LoadWeights",
+                        LoadOp(restore, path), model_id=run.model_id, seq_id=run.next_seq - 1,
+                        enqueued_at=self._clock())
+        with self._lock:
+            queue = self._queues[run.model_id] = ModelQueue(
+                run.model_id, run.tenant, first_seq=run.next_seq - 1,
+                base_model=run.base_model, now=item.enqueued_at,
+                max_ahead=self.config.max_seq_ahead)
+            queue.offer(item, Admitted(item.request_id))
+            self._inflight[item.tenant] += 1
+            self.futures.create(item.request_id, item.tenant, item.kind)
+            self.notify_locked()
 
     # ---- state shared with `Completion` (always under the lock) ------------------------
 
@@ -428,3 +534,20 @@ class Scheduler:
     def notify_locked(self) -> None:
         self._generation += 1
         self._wakeup.notify_all()
+
+
+def _items_of(plan: Plan | None) -> list[WorkItem]:
+    """The items a plan had started (the sample plan's running requests are taken apart)."""
+    match plan:
+        case None | ReleasePlan():
+            return []
+        case CyclePlan() | ExpirePlan():
+            return list(plan.items)
+        case ControlPlan():
+            return [plan.item]
+        case InstallPlan():
+            return [i.item for i in plan.installs if i.item is not None]
+        case SamplePlan():
+            return []  # admitted samples are in the sampling queue's running set
+        case _:
+            assert_never(plan)

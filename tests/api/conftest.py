@@ -42,7 +42,7 @@ class Server:
 
     @property
     def toy(self) -> ToyExecutor:
-        executor = self.ctx.catalog.get(MODEL).scheduler.executor
+        executor = self.ctx.catalog.get(MODEL).lanes.schedulers()[0][1].executor
         assert isinstance(executor, ToyExecutor)
         return executor
 

@@ -162,7 +162,7 @@ def test_sampler_rest_views(server: Server, service_client: Make) -> None:
 
 def test_backpressure_answers_429_and_the_sdk_retries(server: Server, service_client: Make
                                                       ) -> None:
-    scheduler = server.ctx.catalog.get(MODEL).scheduler
+    scheduler = server.ctx.catalog.get(MODEL).lanes.schedulers()[0][1]
     config = scheduler.config
     scheduler.config = replace(config, max_inflight_per_tenant=1)
     try:

@@ -80,7 +80,12 @@ def test_metrics_is_a_valid_prometheus_exposition(server: Server, service_client
     key = new_key()
     tc = service_client(key).create_lora_training_client(base_model=MODEL, rank=4).result()
     tc.forward_backward([datum([2, 3, 4])], "cross_entropy").result()
-    response = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=30)
+    public = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=30)
+    assert public.status_code == 200 and "loraplex_engine_calls_total" in public.text
+    assert tenant_of(key) not in public.text and "tenant=" not in public.text
+    operator = server.ctx.stores.keys.create("metrics-operator", operator=True)
+    response = httpx.get(f"{server.url}/metrics", trust_env=False, timeout=30,
+                         headers={"Authorization": f"Bearer {operator}"})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     typed: dict[str, str] = {}
@@ -101,11 +106,12 @@ def test_metrics_is_a_valid_prometheus_exposition(server: Server, service_client
     assert typed["loraplex_engine_utilization"] == "gauge"
     assert families["loraplex_op_latency_seconds"].type == "histogram"
     assert "process_resident_memory_bytes" in families
-    assert sample(families, "loraplex_engine_calls_total", model=MODEL, kind="cycle") >= 1
+    assert sample(families, "loraplex_engine_calls_total", model=MODEL, worker="w0",
+                  kind="cycle") >= 1
     tenant = tenant_of(key)
-    assert sample(families, "loraplex_tenant_tokens_total", model=MODEL, tenant=tenant,
-                  type="trained") == 3
-    latency = {"model": MODEL, "kind": "ForwardBackward"}
+    assert sample(families, "loraplex_tenant_tokens_total", model=MODEL, worker="w0",
+                  tenant=tenant, type="trained") == 3
+    latency = {"model": MODEL, "worker": "w0", "kind": "ForwardBackward"}
     assert sample(families, "loraplex_op_latency_seconds_count", **latency) == sample(
         families, "loraplex_op_latency_seconds_bucket", **latency, le="+Inf") >= 1
     assert len(samples) >= 20

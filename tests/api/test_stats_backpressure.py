@@ -41,7 +41,7 @@ def test_over_the_limit_futures_say_paused_and_submits_get_429(
             "lora_config": {"rank": 4}}).json()
         model_id = created["model_id"]
         assert retrieve(http, created["request_id"])["model_id"] == model_id
-        scheduler = ctx.catalog.get(MODEL).scheduler
+        scheduler = ctx.catalog.get(MODEL).lanes.schedulers()[0][1]
         scheduler.config = replace(scheduler.config, max_inflight_per_tenant=1)
 
         def optim(seq: int) -> httpx.Response:

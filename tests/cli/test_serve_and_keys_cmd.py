@@ -19,7 +19,7 @@ from loraplex.config import (
     SchedulerConfig,
     ServerConfig,
 )
-from loraplex.errors import UserError
+from loraplex.errors import AuthError, UserError
 from loraplex.store.stores import open_stores
 from tests.fakes import ToyExecutor
 
@@ -141,10 +141,10 @@ def test_names_sharing_a_source_share_one_executor(tmp_path: Path) -> None:
     ctx = build_context(config, SchedulerConfig(), make,
                         resolve=lambda source, d: str(tmp_path / source))
     assert len(made) == 2
-    assert ctx.catalog.get("Qwen/Qwen3-8B").scheduler is ctx.catalog.get(
-        "Qwen/Qwen3.5-4B").scheduler
-    assert ctx.catalog.get("meta-llama/L").scheduler is not ctx.catalog.get(
-        "Qwen/Qwen3-8B").scheduler
+    assert ctx.catalog.get("Qwen/Qwen3-8B").lanes is ctx.catalog.get(
+        "Qwen/Qwen3.5-4B").lanes
+    assert ctx.catalog.get("meta-llama/L").lanes is not ctx.catalog.get(
+        "Qwen/Qwen3-8B").lanes
     assert ctx.stores.served_models.model_dir("Qwen/Qwen3.5-4B") == str(tmp_path / "x")
     ctx.stores.close()
 
@@ -156,4 +156,29 @@ def test_keys_create_prints_a_key_stored_hashed(tmp_path: Path,
     assert key.startswith("tml-")
     stores = open_stores(str(tmp_path))
     assert stores.keys.tenant_for(key, open_access=False) == "alice"
+    stores.close()
+
+
+def test_operator_keys_revocation_and_refused_names(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    data = ["--data-dir", str(tmp_path)]
+    assert main(["keys", "create", "ops", "--operator", *data]) == 0
+    operator = capsys.readouterr().out.strip()
+    assert main(["keys", "create", "bob", *data]) == 0
+    bob = capsys.readouterr().out.strip()
+    stores = open_stores(str(tmp_path))
+    assert stores.keys.principal_for(operator, open_access=False).is_operator
+    assert not stores.keys.principal_for(bob, open_access=False).is_operator
+    stores.close()
+    for name in ("key-0123456789abcdef", "no spaces", ""):
+        assert main(["keys", "create", name, *data]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: NAME:") and "Traceback" not in err
+    assert main(["keys", "revoke", "bob", *data]) == 0
+    assert "revoked 1 key" in capsys.readouterr().out
+    assert main(["keys", "revoke", "bob", *data]) == 2
+    stores = open_stores(str(tmp_path))
+    for open_access in (False, True):  # a revoked key does not become an open-mode tenant
+        with pytest.raises(AuthError, match="revoked"):
+            stores.keys.principal_for(bob, open_access=open_access)
     stores.close()

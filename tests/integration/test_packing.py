@@ -21,6 +21,7 @@ import tinker
 from tinker import types
 
 from loraplex.config import DEFAULT_MODEL_NAME as MODEL
+from loraplex.store.stores import open_stores
 from tests.api.test_training import ADAM, datum
 from tests.integration.conftest import EXECUTOR, ServerProcess
 from tests.integration.serve_fake import seed_builtin_tiny
@@ -69,9 +70,12 @@ def test_many_tenants_work_is_packed_into_shared_cycles(packing_server: ServerPr
     for t in threads:
         t.join(600)
     assert not errors, errors
+    stores = open_stores(str(packing_server.data_dir))  # the operator's view names tenants
+    operator = stores.keys.create("packing-operator", operator=True)
+    stores.close()
     stats: dict[str, Any] = httpx.get(
         f"{packing_server.url}/api/v1/loraplex/stats?recent=4096",
-        headers={"X-API-Key": keys[0]}, trust_env=False, timeout=30).json()
+        headers={"X-API-Key": operator}, trust_env=False, timeout=30).json()
     cycles = [c for c in stats["schedulers"][0]["recent_cycles"] if c["kind"] == "cycle"]
     assert len(stats["tenants"]) == NUM_TENANTS
     assert sum(c["num_tokens"] for c in cycles) == NUM_TENANTS * NUM_STEPS * 36

@@ -67,7 +67,7 @@ def test_restart_keeps_runs_and_checkpoints_and_resumes_exactly(
 
 def _submit_out_of_order(url: str, key: str, model_id: str) -> str:
     """An optim_step far ahead of the client's counter: it waits in the queue forever."""
-    body = {"model_id": model_id, "seq_id": 10_000, "type": "optim_step",
+    body = {"model_id": model_id, "seq_id": 1_000, "type": "optim_step",
             "adam_params": types.AdamParams().model_dump()}
     answer = httpx.post(f"{url}/api/v1/optim_step", headers={"X-API-Key": key}, json=body,
                         trust_env=False)

@@ -73,3 +73,38 @@ def test_a_deep_queue_does_not_delay_a_one_op_tenant_past_the_next_cycle(
     assert isinstance(plan, CyclePlan) and bob.request_id in {it.request_id for it in plan.batch}
     assert sum(it.num_tokens for it in plan.batch) <= 200
     assert drain(s) >= 50 * 30 // 200, "alice's backlog still runs, a budget at a time"
+
+
+def test_a_cap_ends_a_tenants_share_and_keeps_its_credit() -> None:
+    drr = DeficitRoundRobin(quantum=100)
+    alice = ops("alice", [30, 30, 30, 30])
+    chosen = drr.select({"alice": alice, "bob": ops("bob", [10])}, budget=1000,
+                        caps={"alice": 50})
+    assert Counter(it.tenant for it in chosen) == {"alice": 2, "bob": 1}, "30 + 30 ≥ 50"
+
+
+def test_a_flooding_tenant_does_not_lengthen_a_light_tenants_cycles(
+    toy: ToyExecutor, stores: Stores
+) -> None:
+    """While bob trains small steps, alice's flood is packed at about his size per cycle
+    (floor 16 here); once bob has been idle past the window she fills the budget again."""
+    from tests.scheduler.work_builders import FakeClock
+
+    clock = FakeClock()
+    s = make_scheduler(toy, stores, clock=clock, token_budget=4096, latency_fair_floor_tokens=16,
+                       latency_fair_window_s=2.0)
+    s.submit(create("a:train:0"))
+    s.submit(create("b:train:0", tenant="bob"))
+    drain(s)
+    for seq in range(1, 41):  # alice: 40 ready ops of 10 tokens each
+        s.submit(fwd_bwd("a:train:0", seq, [datum(list(range(2, 12)))]))
+    s.submit(fwd_bwd("b:train:0", 1, [datum([2, 3, 4, 5, 6, 7, 8, 9])], tenant="bob"))
+    plan = step(s)
+    assert isinstance(plan, CyclePlan)
+    assert Counter(it.tenant for it in plan.batch) == {"bob": 1, "alice": 2}, "16 ≥ bob's 8"
+    clock.now += 1.0  # bob was active a second ago: alice stays capped
+    plan = step(s)
+    assert isinstance(plan, CyclePlan) and len(plan.batch) == 2
+    clock.now += 5.0  # bob idle past the window: alice alone fills the cycle
+    plan = step(s)
+    assert isinstance(plan, CyclePlan) and len(plan.batch) == 36

@@ -73,3 +73,42 @@ def test_the_journal_answers_for_requests_a_restart_lost(tmp_path: Path) -> None
     assert isinstance(failed.error, UserError) and failed.error.message == "data[0]: bad"
     with pytest.raises(NotFoundError):
         after.get("pending", "bob")
+
+
+def test_a_failure_keeps_only_its_message_not_the_request_behind_it() -> None:
+    store = FutureStore(ttl_s=100)
+    store.create("r1", "alice", "ForwardBackward")
+    payload = bytearray(10**6)  # stands for the decoded request a traceback would hold
+
+    def fail() -> None:
+        local = payload  # noqa: F841  (kept alive by the frame a traceback would hold)
+        raise UserError("data[0]: bad", field="data[0]")
+
+    try:
+        fail()
+    except UserError as exc:
+        store.fail("r1", exc)
+    error = store.get("r1", "alice").error
+    assert error is not None and error.message == "data[0]: bad" and error.field == "data[0]"
+    assert error.__traceback__ is None and error.__context__ is None
+
+
+def test_unfetched_results_count_against_the_tenants_quota_until_fetched_or_expired() -> None:
+    from loraplex.errors import CapacityError
+
+    clock = Clock()
+    store = FutureStore(ttl_s=100, clock=clock, max_unfetched_bytes=600)
+    for rid in ("r1", "r2", "r3"):
+        store.create(rid, "alice", "CreateModel")
+        store.resolve(rid, ModelCreated("m"))  # 256 bytes each
+    assert store.unfetched_bytes("alice") == 768 and store.unfetched_bytes("bob") == 0
+    with pytest.raises(CapacityError, match="not fetched"):
+        store.check_room("alice")
+    store.check_room("bob")
+    store.mark_fetched("r1")
+    store.mark_fetched("r1")  # a second fetch releases nothing more
+    assert store.unfetched_bytes("alice") == 512
+    store.check_room("alice")
+    clock.now = 101.0
+    store.sweep()  # r2, r3 expire unfetched
+    assert store.unfetched_bytes("alice") == 0

@@ -36,3 +36,16 @@ def test_duplicates_and_stale_seq_ids() -> None:
     assert queue.admitted_for(1) == Admitted(item.request_id), "remembered after it ran"
     with pytest.raises(UserError, match="seq_id"):
         queue.offer(fwd_bwd("m", 1), Admitted("other"))
+
+
+def test_a_far_future_seq_id_is_refused_and_skipped_ranges_stay_small() -> None:
+    q = ModelQueue("m", "alice", first_seq=1, max_ahead=100)
+    with pytest.raises(UserError, match="more than 100 past the next expected seq_id 1"):
+        q.offer(fwd_bwd("m", 2**63), Admitted("x"))
+    assert q.num_waiting() == 0, "nothing was queued"
+    q.offer(fwd_bwd("m", 101), Admitted("y"))  # the edge of the window is accepted
+    q.give_up_gap(now=1.0)
+    assert q.next_seq == 102
+    with pytest.raises(UserError, match="gap timeout"):
+        q.offer(fwd_bwd("m", 50), Admitted("z"))
+    assert list(q._skipped) == [range(1, 102)], "a range, not a set of 101 ids"

@@ -110,3 +110,16 @@ def test_training_and_sampling_both_progress_by_engine_time(
     assert abs(engine[SamplePlan] / sum(engine.values()) - 0.5) < 0.1, engine
     share = s.metrics.share(window_s=1e9)
     assert share["cycle"] > 0 and share["sample"] > 0
+
+
+def test_a_huge_max_tokens_reserves_no_more_than_the_context_holds(
+        toy: ToyExecutor, stores: Stores) -> None:
+    s = make_scheduler(toy, stores, sample_kv_budget_tokens=4 * toy.max_context)
+    greedy = sample([2, 3, 4], max_tokens=10**9, num_samples=2)
+    small = sample([5, 6], max_tokens=4, tenant="bob")
+    s.submit(greedy)
+    s.submit(small)
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan)
+    assert {it.request_id for it in plan.admit} == {greedy.request_id, small.request_id}, \
+        "clamped to prompt + 2 × (context - prompt), both fit: bob does not wait"

@@ -9,7 +9,9 @@ from fastapi import APIRouter, Request
 from tinker import types as sdk
 
 from loraplex.api.auth import Tenant
+from loraplex.api.body import read_body
 from loraplex.api.context import ctx_of
+from loraplex.config import LimitsConfig
 
 router = APIRouter(prefix="/api/v1")
 
@@ -25,9 +27,15 @@ async def dynamic_config() -> dict[str, Any]:
     return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
 
+TELEMETRY_LIMITS = LimitsConfig(max_body_bytes=64 << 10)
+"""Telemetry needs no key, so its bodies get a small limit of their own (the SDK's batches
+are a few KiB)."""
+
+
 @router.post("/telemetry")
-async def telemetry() -> dict[str, str]:
-    """Accepted and dropped: the server keeps no client telemetry."""
+async def telemetry(request: Request) -> dict[str, str]:
+    """Accepted and dropped: the server keeps no client telemetry (HTTP 413 past 64 KiB)."""
+    await read_body(request, TELEMETRY_LIMITS)
     return {"status": "accepted"}
 
 

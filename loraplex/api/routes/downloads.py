@@ -57,10 +57,10 @@ async def external_weights_urls(run_id: str, kind: str, name: str, request: Requ
     urls, expires = {}, 0
     for rel in _files(record.directory):
         resource = f"files/{run_id}/{kind}/{name}/{rel}"
-        query, expires = ctx.signer.sign(resource, ctx.config.download_url_ttl_s)
+        query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
         urls[rel] = f"{_api_root(request)}/{quote_path(resource)}?{query}"
     if not urls:
-        _, expires = ctx.signer.sign("", ctx.config.download_url_ttl_s)
+        _, expires = ctx.signer.sign("", tenant, ctx.config.download_url_ttl_s)
     return {"urls": urls, "expires": _expiry_iso(expires)}
 
 
@@ -70,7 +70,7 @@ async def archive_url(run_id: str, kind: str, name: str, request: Request,
     ctx = ctx_of(request)
     _readable(ctx, tenant, run_id, kind, name)
     resource = f"archives/{run_id}/{kind}/{name}.tar"
-    query, expires = ctx.signer.sign(resource, ctx.config.download_url_ttl_s)
+    query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
     url = f"{_api_root(request)}/{quote_path(resource)}?{query}"
     headers = {"Location": url, "Expires": email.utils.formatdate(expires, usegmt=True)}
     return JSONResponse({"url": url, "expires": _expiry_iso(expires)}, status_code=302,
@@ -78,11 +78,11 @@ async def archive_url(run_id: str, kind: str, name: str, request: Request,
 
 
 @router.get("/files/{run_id}/{kind}/{name}/{rel:path}")
-async def download_file(run_id: str, kind: str, name: str, rel: str, expires: int, sig: str,
-                        request: Request) -> FileResponse:
+async def download_file(run_id: str, kind: str, name: str, rel: str, t: str, expires: int,
+                        sig: str, request: Request) -> FileResponse:
     ctx = ctx_of(request)
-    ctx.signer.verify(f"files/{run_id}/{kind}/{name}/{rel}", expires, sig)
-    record = _committed(ctx, run_id, kind, name)
+    ctx.signer.verify(f"files/{run_id}/{kind}/{name}/{rel}", t, expires, sig)
+    record = _still_readable(ctx, t, run_id, kind, name)
     root = os.path.realpath(record.directory)
     target = os.path.realpath(os.path.join(root, rel))
     if os.path.commonpath([root, target]) != root or not os.path.isfile(target):
@@ -91,20 +91,22 @@ async def download_file(run_id: str, kind: str, name: str, rel: str, expires: in
 
 
 @router.get("/archives/{run_id}/{kind}/{name}.tar")
-async def download_archive(run_id: str, kind: str, name: str, expires: int, sig: str,
+async def download_archive(run_id: str, kind: str, name: str, t: str, expires: int, sig: str,
                            request: Request) -> FileResponse:
     ctx = ctx_of(request)
-    ctx.signer.verify(f"archives/{run_id}/{kind}/{name}.tar", expires, sig)
-    record = _committed(ctx, run_id, kind, name)
+    ctx.signer.verify(f"archives/{run_id}/{kind}/{name}.tar", t, expires, sig)
+    record = _still_readable(ctx, t, run_id, kind, name)
     tar = await asyncio.to_thread(build_archive, record.directory, ctx.stores.archive_dir)
     return FileResponse(tar, media_type="application/x-tar", filename=f"{name}.tar")
 
 
-def _committed(ctx: ServerContext, run_id: str, kind: str, name: str) -> CheckpointRecord:
+def _still_readable(ctx: ServerContext, tenant: str, run_id: str, kind: str, name: str
+                    ) -> CheckpointRecord:
+    """The checkpoint a signed URL names, if the tenant it was made for may still read it."""
     path = TinkerPath.from_checkpoint_id(run_id, f"{kind}/{name}")
     record = ctx.stores.checkpoints.find(path)
-    if record is None:
-        raise NotFoundError("the checkpoint was deleted")
+    if record is None or not record.readable_by(tenant):
+        raise NotFoundError("the checkpoint was deleted or is no longer published")
     return record
 
 

@@ -81,7 +81,7 @@ def render(entry: FutureEntry) -> Response:
 
 
 def _queue_state(ctx: ServerContext, tenant: str) -> str:
-    states = {s.scheduler.queue_state(tenant) for s in ctx.catalog}
+    states = {lanes.queue_state(tenant) for lanes in ctx.catalog.lanes()}
     for state in ("paused_rate_limit", "paused_capacity"):  # the most severe one
         if state in states:
             return state

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from loraplex.api import convert, schemas
+from loraplex.api.access import check_run_quota
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.submission import new_request_id
@@ -23,6 +24,7 @@ async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, schemas.CreateModelRequest)
     ctx.stores.sessions.get_open(body.session_id, tenant)
     served = ctx.catalog.get(body.base_model)
+    check_run_quota(ctx, tenant)
     model_id = ids.model_id(body.session_id, convert.model_seq_id(body.model_seq_id))
     run = TrainingRun(
         model_id=model_id, tenant=tenant, session_id=body.session_id, base_model=served.name,
@@ -31,7 +33,7 @@ async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
         user_metadata=body.user_metadata or {})
     item = WorkItem(new_request_id(), tenant, "CreateModel", CreateModelOp(run),
                     model_id=model_id, seq_id=0)
-    admitted = served.scheduler.submit(item)
+    admitted = served.lanes.submit(item)
     return {"request_id": admitted.request_id, "model_id": model_id}
 
 

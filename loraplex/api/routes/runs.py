@@ -14,11 +14,11 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from loraplex.api import convert, schemas
-from loraplex.api.access import owned_checkpoint
+from loraplex.api.access import forget_checkpoint, owned_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.errors import NotFoundError, user_error
+from loraplex.errors import NotFoundError
 from loraplex.store.checkpoints import CheckpointRecord
 from loraplex.store.runs import TrainingRunRecord
 
@@ -61,11 +61,6 @@ def run_json(ctx: ServerContext, record: TrainingRunRecord, tenant: str) -> dict
     return out
 
 
-def _page(limit: int, offset: int) -> None:
-    if limit < 0 or offset < 0:
-        raise user_error("limit", "limit and offset must be ≥ 0")
-
-
 def _visible_run(ctx: ServerContext, run_id: str, tenant: str, accessible: bool
                  ) -> TrainingRunRecord:
     run = ctx.stores.runs.find(run_id)
@@ -79,7 +74,7 @@ def _visible_run(ctx: ServerContext, run_id: str, tenant: str, accessible: bool
 @router.get("/training_runs")
 async def list_runs(request: Request, tenant: Tenant, limit: int = 20, offset: int = 0,
                     access_scope: str = "owned") -> dict[str, Any]:
-    _page(limit, offset)
+    convert.page(limit, offset)
     ctx = ctx_of(request)
     runs, total = ctx.stores.runs.page(tenant, include_public=access_scope == "accessible",
                                        limit=limit, offset=offset)
@@ -107,7 +102,7 @@ async def list_checkpoints(run_id: str, request: Request, tenant: Tenant) -> dic
 @router.get("/checkpoints")
 async def list_user_checkpoints(request: Request, tenant: Tenant, limit: int = 100,
                                 offset: int = 0) -> dict[str, Any]:
-    _page(limit, offset)
+    convert.page(limit, offset)
     records, total = ctx_of(request).stores.checkpoints.list_for_tenant(tenant, limit, offset)
     return {"checkpoints": [checkpoint_json(c) for c in records],
             "cursor": {"offset": offset, "limit": limit, "total_count": total}}
@@ -124,6 +119,7 @@ async def delete_checkpoint(run_id: str, kind: str, name: str, request: Request,
                             tenant: Tenant) -> Response:
     ctx, record = _owned(request, tenant, run_id, kind, name)
     ctx.stores.checkpoints.delete(record)
+    forget_checkpoint(ctx, record.path)
     return Response(status_code=204)
 
 

@@ -4,12 +4,13 @@ asample, which answers the request id plus one ``sample_sequence_ids`` entry per
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from loraplex.api import convert, schemas
-from loraplex.api.access import readable_checkpoint
+from loraplex.api.access import checkpoint_adapter_id, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
@@ -25,11 +26,6 @@ from loraplex.store.samplers import SamplerRecord, new_record
 router = APIRouter(prefix="/api/v1")
 
 
-def checkpoint_adapter_id(directory: str) -> str:
-    """Engine id of a checkpoint-backed sampler adapter: one per checkpoint version."""
-    return f"ckpt:{directory}"
-
-
 def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
              model_path: str | None) -> dict[str, Any]:
     """Sampler fields for sampling ``model_path`` (a readable checkpoint) or a bare base."""
@@ -37,7 +33,7 @@ def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
         record, run = readable_checkpoint(ctx, tenant, model_path, "model_path")
         served = ctx.catalog.get(base_model or run.base_model, "base_model")
         return dict(base_model=served.name, model_path=model_path, source="checkpoint",
-                    model_id=None, adapter_id=checkpoint_adapter_id(record.directory),
+                    model_id=None, adapter_id=checkpoint_adapter_id(record),
                     adapter_dir=record.directory)
     if base_model is None:
         raise user_error("base_model", "give base_model or model_path")
@@ -82,7 +78,7 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
                   record_for_session=sampler.session_id if body.record_stability_info else None,
                   base_model=served.name, usage_run_id=_usage_run(sampler))
     item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
-    admitted = served.scheduler.submit(item, sequence_ids)
+    admitted = served.lanes.submit(item, sequence_ids)
     return {"request_id": admitted.request_id,
             "sample_sequence_ids": list(admitted.sample_sequence_ids)}
 
@@ -96,7 +92,15 @@ def _usage_run(sampler: SamplerRecord) -> str | None:
 
 def _sampler_for(ctx: ServerContext, tenant: str, body: schemas.SampleRequest) -> SamplerRecord:
     if body.sampling_session_id is not None:
-        return ctx.stores.samplers.get(body.sampling_session_id, tenant)
+        record = ctx.stores.samplers.get(body.sampling_session_id, tenant)
+        if record.source != "checkpoint" or record.model_path is None:
+            return record
+        # Checked on every sample: a checkpoint deleted, unpublished (for other tenants) or
+        # replaced since the session was made is not sampled from its old weights.
+        binding = _binding(ctx, tenant, base_model=record.base_model,
+                           model_path=record.model_path)
+        return replace(record, adapter_id=binding["adapter_id"],
+                       adapter_dir=binding["adapter_dir"])
     binding = _binding(ctx, tenant, base_model=body.base_model, model_path=body.model_path)
     return new_record(sampler_id="", tenant=tenant, session_id="", **binding)
 

@@ -7,11 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from loraplex.api import schemas
+from loraplex.api import convert, schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.errors import user_error
 
 router = APIRouter(prefix="/api/v1")
 
@@ -46,14 +45,13 @@ def release_session(ctx: ServerContext, session_id: str) -> None:
     """Free the engine memory of a session's training runs (records and checkpoints stay)."""
     for run in ctx.stores.runs.for_session(session_id):
         for served in ctx.catalog:
-            served.scheduler.release_model(run.run.model_id)
+            served.lanes.release_model(run.run.model_id)
 
 
 @router.get("/sessions")
 async def list_sessions(request: Request, tenant: Tenant, limit: int = 20, offset: int = 0,
                         access_scope: str = "owned") -> dict[str, Any]:
-    if limit < 0 or offset < 0:
-        raise user_error("limit", "limit and offset must be ≥ 0")
+    convert.page(limit, offset)
     records, _ = ctx_of(request).stores.sessions.page(tenant, limit, offset)
     return {"sessions": [r.session_id for r in records]}
 

@@ -1,21 +1,25 @@
-"""``GET /api/v1/loraplex/stats``: how the schedulers are doing, as JSON (any tenant may read
-it; it is the operator's view, so it names tenants).
+"""``GET /api/v1/loraplex/stats``: how the schedulers are doing, as JSON.
 
-Top level: totals over every scheduler (``engine_calls`` / ``engine_s`` per plan kind since
-start, utilization windows, queue waits, per-tenant counters and queue depths). ``schedulers``
-has the same per loaded model plus a summary of its recent clock cycles and the last
-``recent`` cycle records (query parameter, default 50).
+An operator key sees everything, every tenant by name. Any other key sees the machine-wide
+figures only as aggregates: its own tenant's counters, and in each cycle record its own id
+(when it took part) plus how many tenants shared the cycle, never another tenant's id.
+
+Top level: the engine workers (adapters resident and paged, their memory, utilization), totals
+over every scheduler (``engine_calls`` / ``engine_s`` per plan kind since
+start, utilization windows, queue waits, per-tenant counters and queue depths).
+``schedulers`` has the same per lane (one per engine worker of a loaded model) plus a summary
+of its recent clock cycles and the last ``recent`` cycle records (query parameter, default 50).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from loraplex.api.auth import Tenant
+from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.domain.usage import TOKEN_TYPES
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
@@ -29,10 +33,12 @@ SERIES_BUCKETS = 60
 
 
 @router.get("/loraplex/stats")
-async def stats(request: Request, tenant: Tenant, recent: int = 50) -> dict[str, Any]:
+async def stats(request: Request, caller: Caller, recent: int = 50) -> dict[str, Any]:
     ctx = ctx_of(request)
-    sections = [scheduler_stats(s, names, max(0, min(recent, 4096)))
-                for s, names in served_schedulers(ctx)]
+    viewer = None if caller.is_operator else caller.tenant
+    views = served_schedulers(ctx)
+    sections = [scheduler_stats(v.scheduler, v.names, max(0, min(recent, 4096)), viewer,
+                                v.worker) for v in views]
     calls: defaultdict[str, int] = defaultdict(int)
     engine_s: defaultdict[str, float] = defaultdict(float)
     tenants: dict[str, dict[str, Any]] = {}
@@ -45,29 +51,50 @@ async def stats(request: Request, tenant: Tenant, recent: int = 50) -> dict[str,
             tenants[name] = _merge(tenants.get(name), counters)
     return {
         "engine_calls": dict(calls), "engine_s": dict(engine_s),
-        "queued_ops": sum(s.num_queued() for s, _ in served_schedulers(ctx)),
+        "queued_ops": sum(v.scheduler.num_queued() for v in views),
         "pending_futures": ctx.futures.num_pending(),
         "utilization": _mean_windows([s["utilization"] for s in sections]),  # mean engine
-        "tenants": tenants, "schedulers": sections,
+        "tenants": tenants, "workers": [worker_json(v) for v in views],
+        "schedulers": sections,
     }
 
 
-def served_schedulers(ctx: ServerContext) -> list[tuple[Scheduler, list[str]]]:
-    """Each distinct scheduler with the catalogue names it serves."""
-    by_id: dict[int, tuple[Scheduler, list[str]]] = {}
-    for served in ctx.catalog:
-        by_id.setdefault(id(served.scheduler), (served.scheduler, []))[1].append(served.name)
-    return list(by_id.values())
+@dataclass(frozen=True)
+class LaneView:
+    """One live scheduler (one per engine worker), its worker and the names it serves."""
+
+    scheduler: Scheduler
+    worker: str
+    names: list[str]
 
 
-def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int) -> dict[str, Any]:
+def served_schedulers(ctx: ServerContext) -> list[LaneView]:
+    """Every live lane of every served model source."""
+    out = []
+    for lanes in ctx.catalog.lanes():
+        names = [served.name for served in ctx.catalog if served.lanes is lanes]
+        out += [LaneView(scheduler, worker, names) for worker, scheduler in lanes.schedulers()]
+    return out
+
+
+def worker_json(view: LaneView) -> dict[str, Any]:
+    """A worker's adapters, their memory and paging, and its engine utilization."""
+    memory = view.scheduler.executor.adapter_memory()
+    return {"worker": view.worker, "models": view.names, "memory": asdict(memory),
+            "utilization": utilization(view.scheduler.metrics)}
+
+
+def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int,
+                    viewer: str | None = None, worker: str = "w0") -> dict[str, Any]:
+    """One scheduler's section; ``viewer`` (a tenant) sees only its own tenant's ids, None
+    (an operator) sees all."""
     m = scheduler.metrics
     records = m.recent(m.capacity)
     calls, engine_s, idle_s, overhead_s = m.totals()
     share = m.share(60.0)
     busy = sum(share.values())
     return {
-        "models": names,
+        "models": names, "worker": worker,
         "engine_calls": calls, "engine_s": engine_s, "idle_s": idle_s, "overhead_s": overhead_s,
         "utilization": utilization(m),
         "utilization_series": {"bucket_s": SERIES_BUCKET_S,
@@ -75,8 +102,10 @@ def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int) -> dict
         "engine_share_60s": {kind: s / busy for kind, s in share.items()} if busy else {},
         "cycles": cycle_summary(records),
         "queue_waits_s": {cls: percentiles(v) for cls, v in m.waits().items()},
-        "tenants": tenant_stats(scheduler),
-        "recent_cycles": [cycle_json(c) for c in records[-recent:]] if recent else [],
+        "tenants": {t: v for t, v in tenant_stats(scheduler).items()
+                    if viewer is None or t == viewer},
+        "recent_cycles": ([cycle_json(c, viewer) for c in records[-recent:]]
+                          if recent else []),
     }
 
 
@@ -116,9 +145,10 @@ def tenant_stats(scheduler: Scheduler) -> dict[str, dict[str, Any]]:
     return out
 
 
-def cycle_json(cycle: CycleRecord) -> dict[str, Any]:
+def cycle_json(cycle: CycleRecord, viewer: str | None = None) -> dict[str, Any]:
     out = asdict(cycle)
-    out["tenants"] = list(cycle.tenants)
+    out["tenants"] = [t for t in cycle.tenants if viewer is None or t == viewer]
+    out["num_tenants"] = len(cycle.tenants)
     return out
 
 

@@ -4,7 +4,7 @@ Own tenant only: totals and a per-training-run breakdown (samples of the bare ba
 ``run_id: null``), token counts, engine seconds per op kind, and the bill in both billing modes
 (``per_rollout``, ``cache_aware``; `loraplex.cost.billing`). Pending metered ops are
 flushed first, so an op's usage shows as soon as its future completes. ``since`` (Unix
-seconds) limits it to the hours from then on.
+seconds) limits it to the hours from then on. ``quotas`` shows each per-tenant quota's use.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from loraplex.api import metering
+from loraplex.api import convert, metering
 from loraplex.api.auth import Tenant
-from loraplex.api.context import ctx_of
+from loraplex.api.context import ServerContext, ctx_of
 from loraplex.cost.billing import Biller
 
 router = APIRouter(prefix="/api/v1")
@@ -26,6 +26,7 @@ router = APIRouter(prefix="/api/v1")
 async def usage(request: Request, tenant: Tenant, since: float | None = None
                 ) -> dict[str, Any]:
     ctx = ctx_of(request)
+    since = convert.unix_time(since, "since")
     biller = Biller(ctx.config.metering)
     await asyncio.to_thread(metering.flush, ctx)
     rows = await asyncio.to_thread(ctx.stores.usage.rows, tenant, since)
@@ -37,5 +38,23 @@ async def usage(request: Request, tenant: Tenant, since: float | None = None
         "price_sheet": biller.sheet_json(),
         "totals": (report.totals if report else empty).to_json(),
         "runs": [r.to_json() for r in report.runs] if report else [],
+        "quotas": quota_use(ctx, tenant),
         "notes": ["storage is not metered (billed at 0)"],
+    }
+
+
+def quota_use(ctx: ServerContext, tenant: str) -> dict[str, dict[str, int]]:
+    """Each per-tenant quota (`QuotaConfig`, and the scheduler's in-flight limit): used, limit."""
+    quotas = ctx.config.quotas
+    schedulers = [s for lanes in ctx.catalog.lanes() for _, s in lanes.schedulers()]
+    inflight = sum(s.queue_depths().get(tenant, {}).get("inflight", 0) for s in schedulers)
+    return {
+        "training_runs": {"used": sum(s.num_models(tenant) for s in schedulers),
+                          "limit": quotas.max_training_runs},
+        "checkpoint_bytes": {"used": ctx.stores.checkpoints.bytes_for_tenant(tenant),
+                             "limit": quotas.max_checkpoint_bytes},
+        "inflight_ops": {"used": inflight,
+                         "limit": min(s.config.max_inflight_per_tenant for s in schedulers)},
+        "unfetched_result_bytes": {"used": ctx.futures.unfetched_bytes(tenant),
+                                   "limit": quotas.max_unfetched_result_bytes},
     }

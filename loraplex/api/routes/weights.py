@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from loraplex.api import convert, schemas
-from loraplex.api.access import readable_checkpoint
+from loraplex.api.access import check_checkpoint_quota, check_run_quota, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body, request_body
 from loraplex.api.context import ServerContext
@@ -98,6 +98,7 @@ def _save_op(ctx: ServerContext, slot: TrainingSlot, kind: CheckpointKind, name:
              encrypt_to: tuple[str, ...] = ()) -> SaveOp:
     """Reserve the checkpoint directory of a save (the one helper every save route uses)."""
     path = TinkerPath(slot.model_id, kind, ids.validate_checkpoint_name(name))
+    check_checkpoint_quota(ctx, slot.live.run.tenant)
     reserved = ctx.stores.checkpoints.allocate(
         path, slot.live.run.tenant, ttl_seconds=convert.ttl_seconds(ttl), overwrite=overwrite,
         user_metadata={str(k): str(v) for k, v in (user_metadata or {}).items()})
@@ -132,9 +133,10 @@ def _create_via_load(ctx: ServerContext, tenant: str,
     ctx.stores.sessions.get_open(session_id, tenant)
     record, source_run = readable_checkpoint(ctx, tenant, body.path)
     served = ctx.catalog.get(body.base_model or source_run.base_model)
-    if served.scheduler is not ctx.catalog.get(source_run.base_model).scheduler:
+    if served.lanes is not ctx.catalog.get(source_run.base_model).lanes:
         raise user_error("base_model", f"{served.name!r} is not compatible with the "
                          f"checkpoint's base model {source_run.base_model!r}")
+    check_run_quota(ctx, tenant)
     model_id = ids.model_id(session_id, convert.model_seq_id(body.model_seq_id))
     new_run = TrainingRun(
         model_id=model_id, tenant=tenant, session_id=session_id, base_model=served.name,
@@ -143,7 +145,7 @@ def _create_via_load(ctx: ServerContext, tenant: str,
     work = LoadWork(model_id, record.directory, body.optimizer)
     item = WorkItem(new_request_id(), tenant, "LoadWeights",
                     LoadOp(work, record.path, new_run), model_id=model_id, seq_id=0)
-    admitted = served.scheduler.submit(item)
+    admitted = served.lanes.submit(item)
     return {"request_id": admitted.request_id, "model_id": model_id}
 
 

@@ -79,17 +79,43 @@ class LoraAdapter:
         return [p for _, p in self.named_parameters()]
 
     @property
+    def is_trainable(self) -> bool:
+        """Training adapters have leaves that require grad; frozen sampler copies do not."""
+        return all(p.requires_grad for p in self.parameters())
+
+    @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def nbytes(self) -> int:
-        """Bytes of parameters and of any gradients currently held."""
+        """Bytes of parameters and of any gradients currently held (none while paged out:
+        the leaves are then ``meta`` placeholders, see `set_parameters`)."""
         total = 0
         for p in self.parameters():
+            if p.is_meta:
+                continue
             total += p.numel() * p.element_size()
             if p.grad is not None:
                 total += p.grad.numel() * p.grad.element_size()
         return total
+
+    def set_parameters(self, leaves: list[torch.Tensor]) -> None:
+        """Replace the leaves, in `named_parameters` order (same shapes): how the pager swaps
+        an adapter's tensors for ``meta`` placeholders on page-out and back on page-in, keeping
+        this object (and so its prefix-cache identity, `AdapterVersions`)."""
+        pairs = iter(leaves)
+        for w in self.weights.values():
+            a, b = next(pairs), next(pairs)
+            assert a.shape == w.a_L_Rk_I.shape and b.shape == w.b_L_O_Rk.shape
+            w.a_L_Rk_I, w.b_L_O_Rk = a, b
+        assert next(pairs, None) is None, "more leaves than the adapter has"
+
+    def with_parameters(self, leaves: list[torch.Tensor]) -> LoraAdapter:
+        """A new adapter of this config whose leaves are ``leaves`` (this one is unchanged)."""
+        other = LoraAdapter(self.config, {t: LoraWeights(w.a_L_Rk_I, w.b_L_O_Rk)
+                                          for t, w in self.weights.items()})
+        other.set_parameters(leaves)
+        return other
 
     def free_grads(self) -> None:
         """Drop gradients (set to None) so persistent memory is parameters (+ moments) only."""

@@ -1,4 +1,5 @@
-"""`AdapterBank`: every resident LoRA adapter of one base model, by adapter id.
+"""`AdapterBank`: every LoRA adapter of one base model, by adapter id (resident, or paged out by
+`engine.paging.AdapterPager`, which leaves the same object here with placeholder leaves).
 
 Deliberate deviation from STYLE §3.8's "stacked bank (slot × rank × dim)": adapters are stored
 individually at their exact rank, and only the adapters present in a batch are stacked, per

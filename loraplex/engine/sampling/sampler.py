@@ -130,6 +130,17 @@ class Sampler:
         """Requests admitted (running, or waiting for KV pages) and not yet returned."""
         return len(self._requests)
 
+    def adapter_ids(self) -> list[str]:
+        """Adapters of the admitted requests, in admission order: they must be resident for
+        the next `step`."""
+        return list(dict.fromkeys(r.work.adapter_id for r in self._requests.values()
+                                  if r.work.adapter_id is not None))
+
+    def drop_stacks(self, adapter_id: str) -> None:
+        """Forget stacked LoRA tensors of ``adapter_id`` (it paged out, so that memory is
+        freed). Its version and cached prefix pages stay valid: it comes back bit for bit."""
+        self._stacks.drop(adapter_id)
+
     def invalidate_adapter(self, adapter_id: str) -> None:
         """Forget cached prefix pages and LoRA stacks of ``adapter_id``: the engine calls this
         when the adapter is deleted or its weights change (optim_step on a live id, load).

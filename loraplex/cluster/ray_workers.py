@@ -1,0 +1,105 @@
+"""`RayWorkers`: starts (``--workers N``) or joins (``--ray-address``) a Ray runtime and
+places engine workers as actors, N per model source.
+
+Placement: each worker is one actor asking for one bundle of ``--worker-resources`` (e.g.
+``CPU=1`` or ``GPU=1``), with Ray's ``SPREAD`` strategy, so a model's workers go to different
+nodes when the cluster has several (a node's loss then takes as few workers as possible) and
+share a node's devices otherwise. A replacement for a lost worker is the same request: Ray
+starts it when a bundle's resources are free again. Every host must see the model source and
+the data dir at the same paths (the workers read models and write checkpoints there).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from loraplex.cluster.remote_executor import RemoteExecutor
+from loraplex.cluster.worker import EngineWorker
+from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
+from loraplex.errors import user_error
+from loraplex.scheduler.lanes import WorkerGroup
+
+log = logging.getLogger("loraplex.cluster")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """One worker's Ray resources."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    custom: tuple[tuple[str, float], ...] = ()
+
+    @staticmethod
+    def parse(spec: str, field: str = "cluster.worker_resources") -> Bundle:
+        """``CPU=1`` / ``GPU=1,CPU=4`` / ``CPU=1,accelerator_h200=1``."""
+        cpus, gpus, custom = 0.0, 0.0, []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, sep, value = part.partition("=")
+            try:
+                amount = float(value)
+            except ValueError:
+                amount = -1.0
+            if not sep or not name or amount < 0:
+                raise user_error(field, f"expected NAME=AMOUNT[,NAME=AMOUNT...], got {spec!r}")
+            if name.upper() == "CPU":
+                cpus = amount
+            elif name.upper() == "GPU":
+                gpus = amount
+            else:
+                custom.append((name, amount))
+        return Bundle(cpus or (0.0 if gpus else 1.0), gpus, tuple(custom))
+
+
+class RayWorkers:
+    """The Ray side of a server: its runtime and the engine actors it placed.
+
+    Args:
+        cluster: workers per model, Ray address, one worker's resources.
+        engine: the engine slice each worker builds its Engine with.
+        scheduler: for the IO threads a worker must serve beside its compute calls.
+    """
+
+    def __init__(self, cluster: ClusterConfig, engine: EngineConfig,
+                 scheduler: SchedulerConfig) -> None:
+        self.cluster = cluster
+        self.engine = engine
+        self.bundle = Bundle.parse(cluster.worker_resources)
+        self._concurrency = 1 + scheduler.io_threads
+        if not ray.is_initialized():
+            if cluster.ray_address:
+                ray.init(address=cluster.ray_address, log_to_driver=False)
+            else:
+                ray.init(include_dashboard=False, log_to_driver=False)
+        log.info("ray: %s, worker bundle %s", ray.cluster_resources(), self.bundle)
+
+    def group(self, model_dir: str) -> WorkerGroup:
+        """``cluster.workers`` workers of ``model_dir`` (started concurrently), and how to
+        start another."""
+        with ThreadPoolExecutor(max(1, self.cluster.workers)) as pool:
+            executors = list(pool.map(lambda _: self.spawn(model_dir),
+                                      range(self.cluster.workers)))
+        return WorkerGroup(list(executors), spawn=lambda: self.spawn(model_dir))
+
+    def spawn(self, model_dir: str) -> RemoteExecutor:
+        """One more worker of ``model_dir``; blocks until it has loaded the model."""
+        options: dict[str, Any] = dict(
+            num_cpus=self.bundle.num_cpus, num_gpus=self.bundle.num_gpus,
+            resources=dict(self.bundle.custom), max_concurrency=self._concurrency,
+            max_restarts=0, scheduling_strategy="SPREAD")
+        remote: Any = ray.remote(EngineWorker)  # Ray's actor class (untyped)
+        actor = remote.options(**options).remote(model_dir, self.engine,
+                                                 int(self.bundle.num_cpus) or 1)
+        info, pid, node_id = ray.get(actor.ready.remote())
+        name = f"pid {pid}"
+        log.info("engine worker %s up on node %s (%s)", name, node_id[:8], model_dir)
+        return RemoteExecutor(name, actor, info, pid, node_id)
+
+    def shutdown(self) -> None:
+        if ray.is_initialized() and not self.cluster.ray_address:
+            ray.shutdown()

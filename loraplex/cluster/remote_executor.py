@@ -1,0 +1,119 @@
+"""`RemoteExecutor`: the server-side stand-in of one `EngineWorker` actor, implementing the
+scheduler's `BatchExecutor` protocol with one blocking Ray call per method.
+
+A worker whose actor or node died answers every call with a `WorkerLostError` (the lane then
+stops and its runs move, see `loraplex.scheduler.lanes`); a domain error the worker returned is
+raised here as itself. The base model's facts are asked once, when the worker comes up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import ray
+from ray import exceptions as ray_errors
+
+from loraplex.cluster.worker import PreparedHandle, Raised
+from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model import ModelInfo
+from loraplex.domain.results import (
+    AdapterMemory,
+    FwdBwdOutcome,
+    LoadResult,
+    OptimOutcome,
+    PreparedAdapter,
+    SampleOutcome,
+    SaveResult,
+)
+from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
+from loraplex.errors import WorkerLostError
+
+T = TypeVar("T")
+LOST = (ray_errors.RayActorError, ray_errors.ActorUnavailableError, ray_errors.NodeDiedError,
+        ray_errors.ObjectLostError, ray_errors.OwnerDiedError)
+"""What Ray raises when a worker's process or node is gone."""
+
+
+class RemoteExecutor:
+    """One engine worker, seen from the server.
+
+    Args:
+        name: the worker's name in logs and errors.
+        actor: its Ray actor handle (an `EngineWorker`).
+        info, pid, node_id: what its ``ready`` call answered.
+    """
+
+    def __init__(self, name: str, actor: Any, info: ModelInfo, pid: int, node_id: str) -> None:
+        self.name = name
+        self.actor = actor
+        self.pid = pid
+        self.node_id = node_id
+        self._info = info
+
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
+        self._call("create_adapter", adapter_id, config)
+
+    def delete_adapter(self, adapter_id: str) -> None:
+        self._call("delete_adapter", adapter_id)
+
+    def has_adapter(self, adapter_id: str) -> bool:
+        return bool(self._call("has_adapter", adapter_id))
+
+    def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
+        return list(self._call("forward_backward", list(works)))
+
+    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
+        return list(self._call("optim_step", list(works)))
+
+    def save_adapter(self, work: SaveWork) -> SaveResult:
+        return _typed(self._call("save_adapter", work), SaveResult)
+
+    def read_checkpoint(self, work: LoadWork) -> PreparedAdapter:
+        return _typed(self._call("read_checkpoint", work), PreparedHandle)
+
+    def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
+        if not isinstance(prepared, PreparedHandle):
+            raise TypeError(f"not a checkpoint read by worker {self.name}")
+        return _typed(self._call("install_adapter", adapter_id, prepared.token), LoadResult)
+
+    def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
+        self._call("snapshot_adapter", src_adapter_id, dst_adapter_id)
+
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
+                    ) -> list[SampleOutcome]:
+        return list(self._call("sample_step", list(admit), max_decode_steps))
+
+    def num_running_samples(self) -> int:
+        return int(self._call("num_running_samples"))
+
+    def adapter_memory(self) -> AdapterMemory:
+        return _typed(self._call("adapter_memory"), AdapterMemory)
+
+    def noop(self, payload: Any = None) -> Any:
+        return self._call("noop", payload)
+
+    def close(self) -> None:
+        """End the actor (its resources go back to the Ray cluster)."""
+        ray.kill(self.actor, no_restart=True)
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """One call on the actor; a domain error it returned is raised, a lost actor is a
+        `WorkerLostError`."""
+        try:
+            value = ray.get(getattr(self.actor, method).remote(*args))
+        except LOST as exc:
+            raise WorkerLostError(f"engine worker {self.name} was lost "
+                                  f"({type(exc).__name__})") from None
+        if isinstance(value, Raised):
+            raise value.error
+        return value
+
+
+def _typed(value: Any, kind: type[T]) -> T:
+    if not isinstance(value, kind):
+        raise TypeError(f"worker answered {type(value).__name__}, expected {kind.__name__}")
+    return value

@@ -1,0 +1,133 @@
+"""`EngineWorker`: the code that runs inside one Ray actor — a torch `Engine` and the protocol
+methods the server calls on it.
+
+Errors cross the process boundary as values (`Raised`), so the server re-raises the domain
+error itself, never a Ray wrapper carrying the worker's traceback. A checkpoint read for an
+install stays in the worker: `read_checkpoint` returns a `PreparedHandle` naming it, and
+`install_adapter` takes the handle back (the tensors never travel). The actor runs its IO calls
+(saves, reads) on threads beside its compute calls, as the protocol allows.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from loraplex.config import EngineConfig
+from loraplex.domain.lora import LoraConfig
+from loraplex.domain.model import ModelInfo
+from loraplex.domain.results import (
+    AdapterMemory,
+    FwdBwdOutcome,
+    LoadResult,
+    OptimOutcome,
+    PreparedAdapter,
+    SampleOutcome,
+    SaveResult,
+)
+from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
+from loraplex.errors import LoraplexError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A domain error a worker call raised, returned instead of thrown."""
+
+    error: LoraplexError
+
+
+@dataclass(frozen=True)
+class PreparedHandle:
+    """A checkpoint a worker read and keeps, ready to install (the server holds only this)."""
+
+    token: str
+    config: LoraConfig
+
+
+class EngineWorker:
+    """One engine (made in the actor's process) and its protocol methods.
+
+    Args:
+        model_dir: the base model (the same path on every host).
+        config: the engine slice; ``num_threads`` None uses the actor's CPUs.
+    """
+
+    def __init__(self, model_dir: str, config: EngineConfig, num_cpus: int) -> None:
+        from dataclasses import replace
+
+        from loraplex.engine.executor import Engine
+
+        if config.num_threads is None:
+            config = replace(config, num_threads=max(1, num_cpus))
+        self._engine = Engine(model_dir, config)
+        self._prepared: dict[str, PreparedAdapter] = {}
+        self._lock = threading.Lock()
+
+    def ready(self) -> tuple[ModelInfo, int, str]:
+        """The model's facts, this process's pid and its Ray node (the worker is up once this
+        answers)."""
+        import ray
+
+        return self._engine.model_info(), os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def create_adapter(self, adapter_id: str, config: LoraConfig) -> Raised | None:
+        return _value(lambda: self._engine.create_adapter(adapter_id, config))
+
+    def delete_adapter(self, adapter_id: str) -> None:
+        self._engine.delete_adapter(adapter_id)
+
+    def has_adapter(self, adapter_id: str) -> bool:
+        return self._engine.has_adapter(adapter_id)
+
+    def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
+        return self._engine.forward_backward(works)
+
+    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
+        return self._engine.optim_step(works)
+
+    def save_adapter(self, work: SaveWork) -> SaveResult | Raised:
+        return _value(lambda: self._engine.save_adapter(work))
+
+    def read_checkpoint(self, work: LoadWork) -> PreparedHandle | Raised:
+        read = _value(lambda: self._engine.read_checkpoint(work))
+        if isinstance(read, Raised):
+            return read
+        token = uuid.uuid4().hex
+        with self._lock:
+            self._prepared[token] = read
+        return PreparedHandle(token, read.config)
+
+    def install_adapter(self, adapter_id: str, token: str) -> LoadResult | Raised:
+        with self._lock:
+            prepared = self._prepared.pop(token)
+        return _value(lambda: self._engine.install_adapter(adapter_id, prepared))
+
+    def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> Raised | None:
+        return _value(lambda: self._engine.snapshot_adapter(src_adapter_id, dst_adapter_id))
+
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
+                    ) -> list[SampleOutcome]:
+        return self._engine.sample_step(admit, max_decode_steps)
+
+    def num_running_samples(self) -> int:
+        return self._engine.num_running_samples()
+
+    def adapter_memory(self) -> AdapterMemory:
+        return self._engine.adapter_memory()
+
+    def noop(self, payload: Any = None) -> Any:
+        """Answers at once (the dispatch-overhead benchmark's call)."""
+        return payload
+
+
+def _value(call: Callable[[], T]) -> T | Raised:
+    try:
+        return call()
+    except LoraplexError as exc:
+        return Raised(exc.detached())

@@ -1,0 +1,178 @@
+"""Lanes: placement, routing by owner and affinity, and a lost worker — its ops fail with a
+retryable error naming the restore checkpoint, its runs continue elsewhere from their latest
+save_state, other tenants never notice, a replacement joins. Toy workers on real clock loops."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from loraplex.config import SchedulerConfig
+from loraplex.domain.ops import WorkItem
+from loraplex.domain.results import AdapterMemory
+from loraplex.errors import LoraplexError, WorkerLostError
+from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.futures import FutureStore
+from loraplex.scheduler.lanes import Lanes
+from loraplex.scheduler.scheduler import Scheduler
+from loraplex.store.stores import Stores
+from tests.fakes import ToyExecutor
+from tests.scheduler.work_builders import create, fwd_bwd, optim, sample, save
+
+WAIT_S = 20.0
+
+
+@dataclass
+class MortalToy(ToyExecutor):
+    """A toy worker that can die: every call after `kill` raises WorkerLostError."""
+
+    name: str = "toy"
+    dead: bool = False
+    budget: int | None = None
+
+    def kill(self) -> None:
+        self.dead = True
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise WorkerLostError(f"engine worker {self.name} was lost (killed)")
+
+    def forward_backward(self, works):  # type: ignore[no-untyped-def]
+        self._alive()
+        return super().forward_backward(works)
+
+    def optim_step(self, works):  # type: ignore[no-untyped-def]
+        self._alive()
+        return super().optim_step(works)
+
+    def sample_step(self, admit, max_decode_steps):  # type: ignore[no-untyped-def]
+        self._alive()
+        return super().sample_step(admit, max_decode_steps)
+
+    def adapter_memory(self) -> AdapterMemory:
+        return AdapterMemory(len(self._adapters), 8 * len(self._adapters), self.budget)
+
+
+@pytest.fixture
+def pool(stores: Stores) -> Iterator[tuple[Lanes, list[MortalToy]]]:
+    futures = FutureStore(ttl_s=3600, journal=stores.futures)
+    effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
+    made: list[MortalToy] = []
+
+    def spawn() -> MortalToy:
+        toy = MortalToy(name=f"toy{len(made)}")
+        made.append(toy)
+        return toy
+
+    def make_scheduler(executor: MortalToy) -> Scheduler:
+        return Scheduler(executor, SchedulerConfig(), futures, effects)
+
+    make_scheduler.futures = futures  # type: ignore[attr-defined]
+    lanes = Lanes(make_scheduler, stores.checkpoints, spawn)
+    for _ in range(2):
+        lanes.add_worker(spawn())
+    lanes.start()
+    yield lanes, made
+    lanes.stop()
+
+
+def run(lanes: Lanes, item: WorkItem) -> object:
+    """Submit (retrying while a run is being restored, as the SDK retries the HTTP 500 this
+    answers) and wait; returns the result (raises the future's error)."""
+    for _ in range(200):
+        try:
+            lanes.submit(item)
+            break
+        except WorkerLostError as exc:
+            if "being restored" not in str(exc):
+                raise
+            threading.Event().wait(0.01)
+    futures = lanes.make_scheduler.futures  # type: ignore[attr-defined]  # the shared store
+    done = threading.Event()
+    futures.subscribe(item.request_id, done.set)
+    assert done.wait(WAIT_S), f"{item.kind} did not finish"
+    entry = futures.get(item.request_id, item.tenant)
+    if entry.error is not None:
+        raise entry.error
+    return entry.result
+
+
+def test_runs_are_spread_and_each_op_goes_to_its_runs_lane(
+        pool: tuple[Lanes, list[MortalToy]]) -> None:
+    lanes, toys = pool
+    run(lanes, create("a:train:0", tenant="alice"))
+    run(lanes, create("b:train:0", tenant="bob"))
+    assert {toys[0].has_adapter("a:train:0"), toys[1].has_adapter("a:train:0")} == {True, False}
+    assert toys[0].has_adapter("a:train:0") != toys[0].has_adapter("b:train:0"), "one each"
+    run(lanes, fwd_bwd("a:train:0", 1, tenant="alice"))
+    owner = toys[0] if toys[0].has_adapter("a:train:0") else toys[1]
+    assert ("forward_backward", ("a:train:0",)) in owner.calls
+    assert lanes.has_model("a:train:0") and not lanes.has_model("nobody:train:0")
+
+
+def test_placement_prefers_the_worker_with_the_most_free_adapter_memory(
+        pool: tuple[Lanes, list[MortalToy]]) -> None:
+    lanes, toys = pool
+    toys[0].budget, toys[1].budget = 100, 1000
+    for i in range(3):
+        run(lanes, create(f"r{i}:train:0"))
+    assert all(toys[1].has_adapter(f"r{i}:train:0") for i in range(3))
+
+
+def test_a_lost_worker_costs_nothing_a_save_state_acknowledged(
+        pool: tuple[Lanes, list[MortalToy]], stores: Stores) -> None:
+    lanes, toys = pool
+    run(lanes, create("a:train:0", tenant="alice"))
+    run(lanes, create("b:train:0", tenant="bob"))
+    a_toy = toys[0] if toys[0].has_adapter("a:train:0") else toys[1]
+    for seq in (1, 3):
+        run(lanes, fwd_bwd("a:train:0", seq, tenant="alice"))
+        run(lanes, optim("a:train:0", seq + 1, tenant="alice"))
+    run(lanes, save("a:train:0", 5, stores, "ckpt", tenant="alice"))
+    theta_saved = a_toy.theta("a:train:0")
+    run(lanes, fwd_bwd("a:train:0", 6, tenant="alice"))
+    run(lanes, optim("a:train:0", 7, tenant="alice"))  # a step after the save: lost with it
+    a_toy.kill()
+    with pytest.raises(WorkerLostError, match=r"restored from tinker://a:train:0/weights/ckpt"):
+        run(lanes, fwd_bwd("a:train:0", 8, tenant="alice"))
+    # bob's run (on the other worker) never noticed; alice's next op runs on the restored run
+    run(lanes, fwd_bwd("b:train:0", 1, tenant="bob"))
+    run(lanes, fwd_bwd("a:train:0", 9, tenant="alice"))  # runs after the restore
+    survivor = next(t for t in toys if not t.dead and t.has_adapter("a:train:0"))
+    assert survivor.theta("a:train:0") == theta_saved, "restored bitwise from the checkpoint"
+    run(lanes, optim("a:train:0", 10, tenant="alice"))
+    assert survivor.theta("a:train:0") != theta_saved
+    for _ in range(100):  # the replacement worker joins
+        if len(lanes.schedulers()) == 2:
+            break
+        threading.Event().wait(0.05)
+    assert len(lanes.schedulers()) == 2 and len(toys) == 3
+    assert stores.checkpoints.list_for_run("a:train:0")[0].path.name == "ckpt"
+
+
+def test_a_run_that_never_saved_is_gone_with_its_worker(
+        pool: tuple[Lanes, list[MortalToy]]) -> None:
+    lanes, toys = pool
+    run(lanes, create("c:train:0", tenant="carol"))
+    c_toy = toys[0] if toys[0].has_adapter("c:train:0") else toys[1]
+    c_toy.kill()
+    with pytest.raises(WorkerLostError, match="had no save_state"):
+        run(lanes, fwd_bwd("c:train:0", 1, tenant="carol"))
+    with pytest.raises(LoraplexError, match="no live training run"):
+        lanes.submit(fwd_bwd("c:train:0", 2, tenant="carol"))
+
+
+def test_base_samples_go_to_the_least_loaded_worker_and_survive_a_loss(
+        pool: tuple[Lanes, list[MortalToy]]) -> None:
+    lanes, toys = pool
+    toys[0].kill()
+    outcomes = []
+    for _ in range(4):  # the first on the dead lane fails retryably; the rest run elsewhere
+        try:
+            outcomes.append(run(lanes, sample([2, 3, 4], tenant="dave")))
+        except WorkerLostError as exc:
+            assert "retry" in str(exc)
+    assert len(outcomes) >= 3
