@@ -202,9 +202,17 @@ class Lanes:
                                       "retry")
             runs = {lane.name: sum(1 for o in self._owner.values() if o is lane)
                     for lane in live}
-        memory = {lane.name: lane.scheduler.executor.adapter_memory() for lane in live}
-        return max(live, key=lambda lane: (_free(memory[lane.name]), -runs[lane.name],
-                                           -lane.scheduler.num_queued()))
+        memory = {}
+        for lane in live:
+            try:
+                memory[lane.name] = lane.scheduler.executor.adapter_memory()
+            except WorkerLostError:  # dying too: its own clock loop will find out
+                continue
+        answering = [lane for lane in live if lane.name in memory]
+        if not answering:
+            raise WorkerLostError("no engine worker answers; a replacement is starting, retry")
+        return max(answering, key=lambda lane: (_free(memory[lane.name]), -runs[lane.name],
+                                                -lane.scheduler.num_queued()))
 
     def _claim(self, model_id: str, lane: Lane) -> Lane:
         with self._lock:
