@@ -56,6 +56,10 @@ class AuthError(UserError):
     """Missing or unknown API key."""
 
 
+class ForbiddenError(UserError):
+    """The caller is known but may not see this (an operator-only view)."""
+
+
 class ConflictError(UserError):
     """The object already exists (e.g. a checkpoint name without ``overwrite``)."""
 

@@ -19,22 +19,29 @@ from loraplex.api.auth import KeyCache
 from loraplex.api.context import ServerContext
 from loraplex.api.routes import (
     client,
+    cycles,
+    dashboard,
     downloads,
     futures,
     metrics,
     models,
     openapi,
+    operator_view,
+    run_metrics,
     runs,
     sampling,
     sessions,
     stats,
+    tenant_view,
+    trace,
     training,
     usage,
     weights,
 )
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
-           stats, metrics, usage, openapi)
+           stats, metrics, usage, openapi, run_metrics, tenant_view, operator_view, cycles,
+           trace, dashboard)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

@@ -5,7 +5,7 @@
 | NotFoundError               | 404  | user                    |
 | AuthError                   | 401  | user                    |
 | ConflictError               | 409  | user                    |
-| QuotaError                  | 403  | user                    |
+| QuotaError, ForbiddenError  | 403  | user                    |
 | PayloadTooLargeError        | 413  | user                    |
 | other UserError, bad schema | 400  | user                    |
 | CapacityError               | 429 (+ Retry-After) | server   |
@@ -32,6 +32,7 @@ from loraplex.errors import (
     AuthError,
     CapacityError,
     ConflictError,
+    ForbiddenError,
     LoraplexError,
     NotFoundError,
     PayloadTooLargeError,
@@ -51,7 +52,7 @@ def http_status(error: LoraplexError) -> int:
         return 401
     if isinstance(error, ConflictError):
         return 409
-    if isinstance(error, QuotaError):
+    if isinstance(error, QuotaError | ForbiddenError):
         return 403
     if isinstance(error, PayloadTooLargeError):
         return 413

@@ -41,6 +41,7 @@ from loraplex.errors import LoraplexError, WorkerLostError, server_bug
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.residency import sample_op
 from loraplex.scheduler.runner import PlanOutcome
+from loraplex.scheduler.step_log import step_point
 from loraplex.scheduler.usage import engine_shares, op_usage
 
 if TYPE_CHECKING:  # the Scheduler owns its Completion: a back-reference, annotation only
@@ -206,6 +207,9 @@ class Completion:
                 result = server_bug(exc, f"effects of {item.kind}")
             else:
                 self._s.futures.resolve(item.request_id, value)
+                point = step_point(item, result)
+                if point is not None:
+                    self._s.steps.add([point])
         if isinstance(result, LoraplexError):
             self._fail(item, result)
         self._s.metrics.op_finished(item.kind, self._s.now() - item.enqueued_at)

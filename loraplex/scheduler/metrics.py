@@ -1,5 +1,6 @@
 """Observability of one scheduler: a record per engine plan in a bounded ring, monotonic
-counters (per plan kind and per tenant), recent queue waits, and engine utilization.
+counters (per plan kind and per tenant), recent queue waits (per class and per tenant),
+refused submits, and engine utilization.
 
 Written by the clock thread on every completed plan, read by the stats and Prometheus routes
 from other threads (one lock). Utilization is the engine-busy fraction of wall time: the
@@ -27,9 +28,11 @@ from loraplex.domain.ops import (
     WorkItem,
 )
 from loraplex.domain.usage import OpUsage, UsageCounts
+from loraplex.scheduler.admission_log import AdmissionLog
 from loraplex.scheduler.engine_share import WorkClass
 from loraplex.scheduler.histogram import Histogram
 from loraplex.scheduler.runner import PlanOutcome
+from loraplex.scheduler.tenant_waits import TenantWaits
 
 PLAN_KINDS = ("cycle", "control", "sample", "install", "io", "expire", "release")
 """``cycle``: a training clock cycle (packed forward/forward_backward batch, then optim steps);
@@ -125,6 +128,8 @@ class SchedulerMetrics:
         self._latency_hist: defaultdict[str, Histogram] = defaultdict(Histogram)
         self._waits: dict[str, deque[float]] = {"train": deque(maxlen=4096),
                                                 "sample": deque(maxlen=4096)}
+        self.tenant_waits = TenantWaits()
+        self.admissions = AdmissionLog()
         self.started_at = clock()
         self._idle_since = self.started_at
 
@@ -179,7 +184,10 @@ class SchedulerMetrics:
         """Record a completed plan (its `PlanStart` says when it was made) with its ops'
         usage; returns the record."""
         start = plan.start
-        waits = [start.at - it.enqueued_at for it in started_items(plan)]
+        started = started_items(plan)
+        waits = [start.at - it.enqueued_at for it in started]
+        self.tenant_waits.observe(work_class_of(plan) or "train",
+                                  [(it.tenant, w) for it, w in zip(started, waits, strict=True)])
         record = replace(plan_record(plan, outcome, finished, num_running),
                          started_at=start.at, idle_s=start.idle_s,
                          overhead_s=start.plan_s + complete_s, max_wait_s=max(waits, default=0.0))
@@ -194,16 +202,28 @@ class SchedulerMetrics:
         record = CycleRecord(index=-1, kind="io", started_at=started_at,
                              wall_time=time.time() - io_s, engine_s=0.0, io_s=io_s,
                              tenants=(item.tenant,), num_models=1, num_ops=1, max_wait_s=wait_s)
+        self.tenant_waits.observe("train", [(item.tenant, wait_s)])
         return self.record(record, [usage], {"train": [wait_s]})
 
-    def rejected(self, tenant: str, kind: str) -> None:
-        """A submit refused by backpressure (HTTP 429)."""
+    def rejected(self, tenant: str, kind: str, reason: str = "") -> None:
+        """A submit refused by backpressure (HTTP 429), and why."""
         with self._lock:
             self.tenants[tenant].rejected[kind] += 1
+        self.admissions.refused(tenant, kind, reason)
 
     def recent(self, n: int = 100) -> list[CycleRecord]:
         with self._lock:
             return list(self._ring)[-n:] if n > 0 else []
+
+    def after(self, index: int, limit: int) -> list[CycleRecord]:
+        """The newest ``limit`` kept records whose index is above ``index``, oldest first (a
+        poller passes the last index it has; -1: from the start)."""
+        with self._lock:
+            if not self._ring or limit <= 0:
+                return []
+            first = self._ring[0].index
+            start = max(index + 1 - first, len(self._ring) - limit, 0)
+            return list(itertools.islice(self._ring, start, None))
 
     def utilization(self, window_s: float, now: float | None = None) -> float:
         """Engine-busy fraction of the last ``window_s`` seconds (plans in the ring only)."""

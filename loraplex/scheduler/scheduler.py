@@ -85,6 +85,7 @@ from loraplex.scheduler.packer import CyclePacker
 from loraplex.scheduler.residency import AdapterResidency, sample_op
 from loraplex.scheduler.runner import PlanOutcome
 from loraplex.scheduler.sample_queue import SampleQueue
+from loraplex.scheduler.step_log import StepLog
 from loraplex.scheduler.usage import UsageLog
 
 SAMPLE_DEDUPE_MEMORY = 65536
@@ -109,6 +110,7 @@ class Scheduler:
         self.config = config
         self.futures = futures
         self.usage = UsageLog()
+        self.steps = StepLog()
         self.metrics = SchedulerMetrics(config.cycle_history, clock)
         self.io = io or ThreadedIo(config.io_threads)
         self._clock = clock
@@ -157,8 +159,8 @@ class Scheduler:
                     duplicate = self._offer_training(item, admitted)
                 else:
                     item, duplicate = self._offer_sample(item, admitted)
-            except CapacityError:
-                self.metrics.rejected(item.tenant, item.kind)
+            except CapacityError as exc:
+                self.metrics.rejected(item.tenant, item.kind, exc.message)
                 raise
             if duplicate is not None:
                 return duplicate

@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS samplers (
     created_at  REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samplers_by_session ON samplers (session_id);
+CREATE INDEX IF NOT EXISTS samplers_by_tenant ON samplers (tenant, created_at);
 """
 
 
@@ -81,6 +82,14 @@ class SamplerStore:
         if record is None or record.tenant != tenant:
             raise NotFoundError(f"{field}: no sampling session {sampler_id!r}", field=field)
         return record
+
+    def page(self, tenant: str, limit: int, offset: int) -> tuple[list[SamplerRecord], int]:
+        """The tenant's sampling sessions, newest first, and how many it has."""
+        rows = self._db.query("SELECT * FROM samplers WHERE tenant = ? ORDER BY created_at DESC"
+                              " LIMIT ? OFFSET ?", (tenant, limit, offset))
+        total = self._db.query_one("SELECT COUNT(*) AS n FROM samplers WHERE tenant = ?",
+                                   (tenant,))
+        return [_record(r) for r in rows], int(total["n"]) if total else 0
 
     def for_session(self, session_id: str) -> list[SamplerRecord]:
         rows = self._db.query("SELECT * FROM samplers WHERE session_id = ? ORDER BY created_at",

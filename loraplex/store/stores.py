@@ -25,6 +25,7 @@ from loraplex.store import (
     checkpoints,
     futures,
     keys,
+    run_metrics,
     runs,
     samplers,
     sequences,
@@ -38,7 +39,8 @@ from loraplex.store.disk import storage_error
 
 DATABASE_FILE = "loraplex.sqlite3"
 SCHEMAS = (keys.SCHEMA, sessions.SCHEMA, runs.SCHEMA, checkpoints.SCHEMA, samplers.SCHEMA,
-           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA)
+           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA,
+           run_metrics.SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Stores:
     futures: futures.FutureJournal
     served_models: served_models.ServedModelStore
     usage: usage.UsageStore
+    run_metrics: run_metrics.RunMetricsStore
     archive_dir: str
     secret: bytes
 
@@ -97,6 +100,7 @@ def _open(data_dir: str) -> Stores:
             futures=futures.FutureJournal(db),
             served_models=served_models.ServedModelStore(db),
             usage=usage.UsageStore(db),
+            run_metrics=run_metrics.RunMetricsStore(db),
             archive_dir=os.path.join(data_dir, "archives"),
             secret=_load_or_create_secret(os.path.join(data_dir, "server_secret")),
         )

@@ -68,10 +68,8 @@ async def external_weights_urls(run_id: str, kind: str, name: str, request: Requ
 async def archive_url(run_id: str, kind: str, name: str, request: Request,
                       tenant: Tenant) -> Response:
     ctx = ctx_of(request)
-    _readable(ctx, tenant, run_id, kind, name)
-    resource = f"archives/{run_id}/{kind}/{name}.tar"
-    query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
-    url = f"{_api_root(request)}/{quote_path(resource)}?{query}"
+    record = _readable(ctx, tenant, run_id, kind, name)
+    url, expires = archive_link(ctx, request, tenant, record.path)
     headers = {"Location": url, "Expires": email.utils.formatdate(expires, usegmt=True)}
     return JSONResponse({"url": url, "expires": _expiry_iso(expires)}, status_code=302,
                         headers=headers)
@@ -98,6 +96,15 @@ async def download_archive(run_id: str, kind: str, name: str, t: str, expires: i
     record = _still_readable(ctx, t, run_id, kind, name)
     tar = await asyncio.to_thread(build_archive, record.directory, ctx.stores.archive_dir)
     return FileResponse(tar, media_type="application/x-tar", filename=f"{name}.tar")
+
+
+def archive_link(ctx: ServerContext, request: Request, tenant: str, path: TinkerPath
+                 ) -> tuple[str, int]:
+    """A signed URL of ``path``'s tar archive as made for ``tenant`` (who may read it), and
+    its expiry (Unix seconds)."""
+    resource = f"archives/{path.run_id}/{path.kind}/{path.name}.tar"
+    query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
+    return f"{_api_root(request)}/{quote_path(resource)}?{query}", expires
 
 
 def _still_readable(ctx: ServerContext, tenant: str, run_id: str, kind: str, name: str

@@ -1,0 +1,95 @@
+"""Cycle records as the dashboard's timeline and the trace export read them: each lane's kept
+records after a cursor, columnar (one array per field, so 10,000 records are one small JSON
+object rather than 10,000), with tenant ids shown only to whom may see them.
+
+An operator sees every tenant of every record. A tenant sees every record (how busy the machine
+is), but in each only its own id and the number of tenants the record carried (as in
+``/api/v1/loraplex/stats``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loraplex.api.context import ServerContext
+from loraplex.api.routes.stats import LaneView, served_schedulers
+from loraplex.errors import user_error
+from loraplex.scheduler.metrics import CycleRecord
+
+CLASS_OF_KIND = {"cycle": "training", "sample": "sampling", "control": "control",
+                 "install": "control", "expire": "control", "release": "control", "io": "io"}
+"""What the timeline colours a record by: training cycles, sampling steps, control and upkeep
+plans (create, snapshot, install, expire, release), and file work on IO threads."""
+
+
+@dataclass(frozen=True)
+class LaneCycles:
+    """One lane's records after the caller's cursor.
+
+    Attributes:
+        lane: ``{served name}/{worker}``, unique over the server.
+        capacity: most records the lane keeps.
+    """
+
+    lane: str
+    view: LaneView
+    capacity: int
+    records: list[CycleRecord]
+
+
+def lane_id(view: LaneView) -> str:
+    return f"{view.names[0]}/{view.worker}"
+
+
+def parse_cursors(after: Iterable[str]) -> dict[str, int]:
+    """``LANE:INDEX`` strings (the last index a poller has of each lane) → a dict.
+
+    Raises:
+        UserError: a value without ``:`` or with a non-integer index.
+    """
+    out = {}
+    for value in after:
+        lane, sep, index = value.rpartition(":")
+        if not sep or not lane or not index.lstrip("-").isdigit():
+            raise user_error("after", f"expected LANE:INDEX, got {value!r}")
+        out[lane] = int(index)
+    return out
+
+
+def lane_cycles(ctx: ServerContext, after: Mapping[str, int], limit: int) -> list[LaneCycles]:
+    """Every live lane's newest ``limit`` records after its cursor (-1 when not given)."""
+    out = []
+    for view in served_schedulers(ctx):
+        lane = lane_id(view)
+        metrics = view.scheduler.metrics
+        out.append(LaneCycles(lane, view, metrics.capacity,
+                              metrics.after(after.get(lane, -1), limit)))
+    return out
+
+
+def visible_tenants(record: CycleRecord, viewer: str | None) -> tuple[str, ...]:
+    """The tenant ids of ``record`` that ``viewer`` may see (None: an operator, all)."""
+    return tuple(t for t in record.tenants if viewer is None or t == viewer)
+
+
+def columns(records: list[CycleRecord], viewer: str | None, names: dict[str, int]
+            ) -> dict[str, list[Any]]:
+    """``records`` as one list per field; tenants as indices into ``names`` (extended here)."""
+    out: dict[str, list[Any]] = {k: [] for k in (
+        "index", "kind", "start", "engine_s", "io_s", "train_s", "optim_s", "idle_s",
+        "num_tokens", "num_ops", "num_models", "num_tenants", "num_running", "max_wait_s",
+        "tenants")}
+    for c in records:
+        out["index"].append(c.index)
+        out["kind"].append(c.kind)
+        out["start"].append(round(c.wall_time, 6))
+        for key in ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s"):
+            out[key].append(round(getattr(c, key), 6))
+        for key in ("num_tokens", "num_ops", "num_models", "num_running"):
+            out[key].append(getattr(c, key))
+        out["num_tenants"].append(len(c.tenants))
+        out["tenants"].append([names.setdefault(t, len(names))
+                               for t in visible_tenants(c, viewer)])
+    return out
