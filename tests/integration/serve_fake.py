@@ -52,7 +52,7 @@ def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
                      ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),),
                  client_config: Mapping[str, Any] | None = None, executor: str = "toy",
                  engine_delay_s: float = 0.0, num_threads: int | None = None,
-                 **server: Any) -> ServerContext:
+                 scheduler: SchedulerConfig | None = None, **server: Any) -> ServerContext:
     config = ServerConfig(host="127.0.0.1", port=port, data_dir=data_dir, models=models,
                           open_access=open_access, client_config=dict(client_config or {}),
                           **server)
@@ -60,12 +60,12 @@ def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
         from loraplex.engine.executor import Engine
 
         engine = EngineConfig(num_threads=num_threads)
-        return build_context(config, SchedulerConfig(), lambda d: Engine(d, engine))
+        return build_context(config, scheduler or SchedulerConfig(), lambda d: Engine(d, engine))
 
     def make(_dir: str) -> ToyExecutor:
         return NoopExecutor(delay_s=engine_delay_s) if executor == "noop" else ToyExecutor()
 
-    return build_context(config, SchedulerConfig(), make,
+    return build_context(config, scheduler or SchedulerConfig(), make,
                          resolve=lambda source, d: os.path.join(d, "models", "fake"))
 
 

@@ -2,8 +2,8 @@
 // polling loop that keeps the shown view live (every 2 s, paused while the tab is hidden).
 //
 // window.loraplexDashboard exposes what a test or a curious operator may read: the signed-in
-// principal, and per view how long its first full render took (ms since navigation, and of
-// the refresh itself: requests + drawing).
+// principal, the views, and per view how long its first full render took (ms since
+// navigation, and of the refresh itself: requests + drawing).
 
 import { ApiError, currentKey, forgetKey, getJSON, readFragment, setKey } from "./api.js";
 import { OperatorView } from "./operator_view.js";
@@ -64,6 +64,7 @@ async function signIn() {
   $("operator-tab").hidden = !p.is_operator;
   views = { tenant: new TenantView($("tenant-view")) };
   if (p.is_operator) views.operator = new OperatorView($("operator-view"));
+  state.views = views;
   show(viewFromHash());
 }
 
