@@ -77,19 +77,14 @@ def visible_tenants(record: CycleRecord, viewer: str | None) -> tuple[str, ...]:
 def columns(records: list[CycleRecord], viewer: str | None, names: dict[str, int]
             ) -> dict[str, list[Any]]:
     """``records`` as one list per field; tenants as indices into ``names`` (extended here)."""
-    out: dict[str, list[Any]] = {k: [] for k in (
-        "index", "kind", "start", "engine_s", "io_s", "train_s", "optim_s", "idle_s",
-        "num_tokens", "num_ops", "num_models", "num_tenants", "num_running", "max_wait_s",
-        "tenants")}
-    for c in records:
-        out["index"].append(c.index)
-        out["kind"].append(c.kind)
-        out["start"].append(round(c.wall_time, 6))
-        for key in ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s"):
-            out[key].append(round(getattr(c, key), 6))
-        for key in ("num_tokens", "num_ops", "num_models", "num_running"):
-            out[key].append(getattr(c, key))
-        out["num_tenants"].append(len(c.tenants))
-        out["tenants"].append([names.setdefault(t, len(names))
-                               for t in visible_tenants(c, viewer)])
+    out: dict[str, list[Any]] = {
+        "index": [c.index for c in records], "kind": [c.kind for c in records],
+        "start": [round(c.wall_time, 6) for c in records]}
+    for key in ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s"):
+        out[key] = [round(getattr(c, key), 6) for c in records]
+    for key in ("num_tokens", "num_ops", "num_models", "num_running"):
+        out[key] = [getattr(c, key) for c in records]
+    out["num_tenants"] = [len(c.tenants) for c in records]
+    out["tenants"] = [[names.setdefault(t, len(names)) for t in visible_tenants(c, viewer)]
+                      for c in records]
     return out

@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
@@ -237,16 +237,26 @@ class SchedulerMetrics:
                     ) -> list[float]:
         """Engine-busy fraction per bucket, oldest first, the last bucket ending now."""
         now = self._clock() if now is None else now
-        edges = [now - bucket_s * (num_buckets - i) for i in range(num_buckets + 1)]
-        return [min(1.0, self._busy_between(a, b) / bucket_s)
-                for a, b in itertools.pairwise(edges)]
+        start = now - bucket_s * num_buckets
+        busy = [0.0] * num_buckets
+        with self._lock:
+            spans = [(c.started_at, c.started_at + c.engine_s) for c in self._since(start)]
+        for a, b in spans:  # one pass: each plan adds to the few buckets it overlaps
+            a, b = max(a, start), min(b, now)
+            if b <= a:
+                continue
+            last = min(num_buckets - 1, int((b - start) // bucket_s))
+            for i in range(int((a - start) // bucket_s), last + 1):
+                low = start + i * bucket_s
+                busy[i] += max(0.0, min(b, low + bucket_s) - max(a, low))
+        return [min(1.0, x / bucket_s) for x in busy]
 
     def share(self, window_s: float, now: float | None = None) -> dict[str, float]:
         """Engine seconds per plan kind in the last ``window_s`` seconds."""
         now = self._clock() if now is None else now
         out: defaultdict[str, float] = defaultdict(float)
         with self._lock:
-            for c in self._ring:
+            for c in self._since(now - window_s):
                 out[c.kind] += _overlap(c, now - window_s, now)
         return dict(out)
 
@@ -269,7 +279,18 @@ class SchedulerMetrics:
 
     def _busy_between(self, start: float, end: float) -> float:
         with self._lock:
-            return sum(_overlap(c, start, end) for c in self._ring)
+            return sum(_overlap(c, start, end) for c in self._since(start))
+
+    def _since(self, start: float) -> Iterator[CycleRecord]:
+        """The ring's records, newest first, up to the first engine plan that ended before
+        ``start`` (engine plans run one after another on the clock thread, so they sit in the
+        ring in time order; ``io`` records, appended out of order, hold no engine time). So a
+        60 s window costs the plans of the last minute, not the whole ring. Caller holds the
+        lock."""
+        for c in reversed(self._ring):
+            if c.engine_s > 0 and c.started_at + c.engine_s < start:
+                return
+            yield c
 
 
 def _overlap(cycle: CycleRecord, start: float, end: float) -> float:

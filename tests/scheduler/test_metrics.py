@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
 
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
 from loraplex.scheduler.runner import run_plan
+from loraplex.scheduler.tenant_waits import TenantWaits
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
 from tests.scheduler.work_builders import (
@@ -89,5 +91,56 @@ def test_rejections_and_queue_depths_are_counted(toy: ToyExecutor, stores: Store
     with pytest.raises(Exception, match="in flight"):
         s.submit(sample([2, 3]))
     assert s.metrics.tenants["alice"].rejected == {"Sample": 1}
+    [event] = s.metrics.admissions.recent()
+    assert (event.tenant, event.kind) == ("alice", "Sample") and "in flight" in event.reason
     assert s.queue_depths()["alice"] == {"train_waiting": 0, "sample_waiting": 2,
                                          "sample_running": 0, "inflight": 2}
+
+
+def test_busy_series_matches_the_overlap_of_each_bucket_computed_one_by_one() -> None:
+    rng = random.Random(3)
+    clock = FakeClock(0.0)
+    m = SchedulerMetrics(clock=clock)
+    records, t = [], 0.0
+    for _ in range(250):  # plans one after another, with IO records (no engine time) between
+        t += rng.uniform(0, 0.3)
+        records.append(record(t, rng.uniform(0, 0.4)))
+        t += records[-1].engine_s
+        if rng.random() < 0.3:
+            records.append(record(rng.uniform(0, t), 0.0, "io"))
+    for r in records:
+        m.record(r, [], {})
+    assert t < 100
+    clock.now = 101.0
+    expected = []
+    for i in range(30):
+        a, b = 101.0 - 3.0 * (30 - i), 101.0 - 3.0 * (29 - i)
+        busy = sum(max(0.0, min(r.started_at + r.engine_s, b) - max(r.started_at, a))
+                   for r in records)
+        expected.append(min(1.0, busy / 3.0))
+    assert m.busy_series(bucket_s=3.0, num_buckets=30) == pytest.approx(expected, abs=1e-9)
+    for window in (1.0, 10.0, 60.0, 200.0):
+        assert m.utilization(window) == pytest.approx(min(1.0, sum(
+            max(0.0, min(r.started_at + r.engine_s, 101.0) - max(r.started_at, 101.0 - window))
+            for r in records) / min(window, 101.0)), abs=1e-9)
+
+
+def test_after_returns_the_records_past_a_cursor_newest_limit_first_kept() -> None:
+    m = SchedulerMetrics(max_records=5, clock=FakeClock(0.0))
+    for i in range(8):  # indices 0..7, the ring keeps 3..7
+        m.record(record(float(i), 0.1), [], {})
+    assert [c.index for c in m.after(-1, 100)] == [3, 4, 5, 6, 7]
+    assert [c.index for c in m.after(5, 100)] == [6, 7]
+    assert [c.index for c in m.after(-1, 2)] == [6, 7]
+    assert m.after(7, 100) == [] and m.after(-1, 0) == []
+
+
+def test_queue_waits_are_kept_per_tenant_and_bounded() -> None:
+    waits = TenantWaits(max_values=3, max_tenants=2)
+    waits.observe("train", [("a", 1.0), ("a", 2.0), ("b", 5.0)])
+    waits.observe("train", [("a", 3.0), ("a", 4.0)])
+    waits.observe("sample", [("a", 0.5)])
+    assert waits.snapshot() == {"b": {"train": [5.0]},
+                                "a": {"train": [2.0, 3.0, 4.0], "sample": [0.5]}}
+    waits.observe("train", [("c", 1.0)])  # a third tenant: the least recently seen goes
+    assert set(waits.snapshot()) == {"a", "c"}

@@ -25,14 +25,19 @@ export class OperatorView {
     window.addEventListener("resize", () => this.timeline.draw());
   }
 
+  // One refresh; `this.phases` keeps how long its parts took (ms, performance.now()).
   async refresh() {
+    const t0 = performance.now();
     const [stats, op, cycles] = await Promise.all([
       getJSON("/api/v1/loraplex/stats", { recent: 0 }),
       getJSON("/api/v1/loraplex/dashboard/operator"),
       getJSON("/api/v1/loraplex/cycles", { after: this.timeline.cursors(), limit: 100000 }),
     ]);
+    const t1 = performance.now();
     this.timeline.merge(cycles);
+    const t2 = performance.now();
     this.timeline.draw();
+    const t3 = performance.now();
     this.renderCards(stats);
     this.renderPacked();
     this.renderUtilization(stats);
@@ -40,6 +45,9 @@ export class OperatorView {
     this.renderWaits(op);
     this.renderAdmissions(op);
     this.renderTenants(stats, op);
+    const t4 = performance.now();
+    this.phases = { requests_ms: t1 - t0, merge_ms: t2 - t1, timeline_draw_ms: t3 - t2,
+      panels_ms: t4 - t3 };
   }
 
   renderCards(stats) {
