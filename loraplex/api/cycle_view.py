@@ -74,15 +74,24 @@ def visible_tenants(record: CycleRecord, viewer: str | None) -> tuple[str, ...]:
     return tuple(t for t in record.tenants if viewer is None or t == viewer)
 
 
+DURATIONS = ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s")
+COUNTS = ("num_tokens", "num_ops", "num_models", "num_running")
+
+
 def columns(records: list[CycleRecord], viewer: str | None, names: dict[str, int]
-            ) -> dict[str, list[Any]]:
-    """``records`` as one list per field; tenants as indices into ``names`` (extended here)."""
-    out: dict[str, list[Any]] = {
-        "index": [c.index for c in records], "kind": [c.kind for c in records],
-        "start": [round(c.wall_time, 6) for c in records]}
-    for key in ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s"):
-        out[key] = [round(getattr(c, key), 6) for c in records]
-    for key in ("num_tokens", "num_ops", "num_models", "num_running"):
+            ) -> dict[str, Any]:
+    """``records`` as one list per field; tenants as indices into ``names`` (extended here).
+
+    Times are integer microseconds (integers encode and parse faster than floats, and a µs is
+    finer than any plan): ``start_us`` after ``t0`` (the first record's wall time, Unix
+    seconds), and ``engine_us``, ``io_us``, ... for the durations."""
+    t0 = records[0].wall_time if records else 0.0
+    out: dict[str, Any] = {
+        "t0": t0, "index": [c.index for c in records], "kind": [c.kind for c in records],
+        "start_us": [round((c.wall_time - t0) * 1e6) for c in records]}
+    for key in DURATIONS:
+        out[key.removesuffix("_s") + "_us"] = [round(getattr(c, key) * 1e6) for c in records]
+    for key in COUNTS:
         out[key] = [getattr(c, key) for c in records]
     out["num_tenants"] = [len(c.tenants) for c in records]
     out["tenants"] = [[names.setdefault(t, len(names)) for t in visible_tenants(c, viewer)]

@@ -125,8 +125,16 @@ def test_cycle_feed_is_columnar_follows_cursors_and_hides_other_tenants(
     [lane] = first["lanes"]
     c = lane["cycles"]
     n = len(c["index"])
-    assert n > 0 and all(len(v) == n for v in c.values())
+    assert n > 0 and all(len(v) == n for k, v in c.items() if k != "t0")
     assert c["index"] == sorted(c["index"]) and lane["last_index"] == c["index"][-1]
+    # The same records as the stats endpoint's, times in integer µs (starts after t0).
+    recent = ok(server, "/api/v1/loraplex/stats", key, recent=4096)["schedulers"][0]
+    by_index = {r["index"]: r for r in recent["recent_cycles"]}
+    for i, index in enumerate(c["index"]):
+        r = by_index[index]
+        assert c["t0"] + c["start_us"][i] / 1e6 == pytest.approx(r["wall_time"], abs=1e-6)
+        assert c["engine_us"][i] == round(r["engine_s"] * 1e6) and c["kind"][i] == r["kind"]
+        assert c["num_tokens"][i] == r["num_tokens"]
     assert first["tenants"] == [tenant_of(key)] and tenant_of(other) not in json.dumps(first)
     mine = [i for i, t in enumerate(c["tenants"]) if t == [0]]
     assert {c["kind"][i] for i in mine} >= {"cycle", "control"}

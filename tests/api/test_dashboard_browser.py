@@ -18,13 +18,15 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tinker
 
+from loraplex.api.context import ServerContext
 from loraplex.config import SchedulerConfig
 from loraplex.domain.step_metrics import StepPoint
 from loraplex.scheduler.metrics import CycleRecord
@@ -81,11 +83,31 @@ def tenants(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
         a2.forward_backward([datum([3, 4, 5])], "cross_entropy").result()
         a2.optim_step(ADAM).result()
         a.save_state("dash-state").result()
+        weights = a.save_weights_for_sampler("dash-weights").result().path
+        sampler = clients[0].create_sampling_client(model_path=weights).result()
+        sampler.sample(tinker.ModelInput.from_ints([2, 3, 4]), 1,
+                       tinker.SamplingParams(max_tokens=2)).result()
+        refuse_one_sample(url, ctx)
         operator = ctx.stores.keys.create("dash-operator", operator=True)
         yield Tenants(server, operator, [a.model_id, a2.model_id], b.model_id, a)
         for client in clients:
             client.close("success").result(timeout=30)
     ctx.stores.close()
+
+
+def refuse_one_sample(url: str, ctx: ServerContext) -> None:
+    """Tenant B's sample while its in-flight limit is 0: a real 429 (an admission event)."""
+    [(_, scheduler)] = ctx.catalog.get(MODEL).lanes.schedulers()
+    config = scheduler.config
+    scheduler.config = replace(config, max_inflight_per_tenant=0)
+    try:
+        refused = httpx.post(f"{url}/api/v1/asample", headers={"X-API-Key": KEY_B}, json={
+            "base_model": MODEL, "num_samples": 1, "type": "sample",
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [2, 3]}]},
+            "sampling_params": {"max_tokens": 1}}, trust_env=False, timeout=30)
+    finally:
+        scheduler.config = config
+    assert refused.status_code == 429, refused.text
 
 
 class Page:
@@ -136,6 +158,7 @@ def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
     page.open(f"{url}/dashboard#key={KEY_A}&poll=400", "tenant")
     p = page.page
     assert "key=" not in p.url  # the fragment's key moved to sessionStorage
+    assert p.locator("#operator-tab").is_hidden()  # a tenant key: no machine-wide view
     rows = p.locator("#runs-table tbody tr[data-run-id]")
     assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.runId)")) == sorted(
         tenants.runs_a)
@@ -148,10 +171,20 @@ def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
     tenants.train_a.optim_step(ADAM).result()
     page.wait("document.querySelector('#run-charts .chart[data-metric=\"loss:sum\"] svg')"
               f".dataset.points === '{STEPS + 1}'", timeout_s=30)
-    assert p.locator("#checkpoints-table tbody tr[data-path]").count() == 1
+    assert p.locator("#checkpoints-table tbody tr[data-path]").count() == 2
     assert "dash-state" in p.locator("#checkpoints-table").inner_text()
+    assert "dash-weights" in p.locator("#samplers-table").inner_text()
     assert tenants.run_b not in p.content()
     p.screenshot(path=str(RESULTS / "tenant.png"), full_page=True)
+
+    typed = Page(browser)  # the login field: tenant B sees its own run only
+    typed.page.goto(f"{url}/dashboard")
+    typed.page.fill("#key-input", KEY_B)
+    typed.page.click("#login-form button")
+    typed.wait("(document.body.dataset.rendered || '').split(' ').includes('tenant')")
+    assert typed.page.locator("#runs-table tbody tr[data-run-id]").evaluate_all(
+        "rs => rs.map(r => r.dataset.runId)") == [tenants.run_b]
+    assert not [r for r in tenants.runs_a if r in typed.page.content()]
 
     op = Page(browser)
     op.open(f"{url}/dashboard#key={tenants.operator}&view=operator&poll=400", "operator")
@@ -162,9 +195,11 @@ def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
     assert tenant_of(KEY_A) in packed and tenant_of(KEY_B) in packed
     waits = o.locator("#waits-table tbody").inner_text()
     assert tenant_of(KEY_A) in waits and tenant_of(KEY_B) in waits
+    refused = o.locator("#admissions-table tbody").inner_text()
+    assert tenant_of(KEY_B) in refused and "in flight" in refused
     o.screenshot(path=str(RESULTS / "operator.png"), full_page=True)
 
-    for one, key in ((page, KEY_A), (op, tenants.operator)):
+    for one, key in ((page, KEY_A), (typed, KEY_B), (op, tenants.operator)):
         assert one.errors == []
         assert not [u for u in one.urls if key in u]
     timings = long_history(tenants, browser)
@@ -218,7 +253,9 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
         window.loraplexDashboard.views.operator.timeline.draw();
         return performance.now() - t0; }""")
     o.screenshot(path=str(RESULTS / "operator_long_history.png"), full_page=True)
+    phases = o.evaluate("window.loraplexDashboard.views.operator.phases")
     out["operator"] = {**state["timings"]["operator"], "timeline_redraw_ms": redraw_ms,
-                       "records_drawn": records}
+                       "records_drawn": records, "last_refresh_phases": phases}
+    out["load_average_1m"] = os.getloadavg()[0]
     assert page.errors == [] and op.errors == []
     return out

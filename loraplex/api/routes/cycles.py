@@ -1,7 +1,8 @@
 """``GET /api/v1/loraplex/cycles``: the clock cycles behind the dashboard's timeline.
 
 Each lane's newest ``limit`` kept cycle records after the poller's cursor (``after=LANE:INDEX``,
-repeatable; none: from the oldest kept), columnar (`loraplex.api.cycle_view`), oldest first.
+repeatable; none: from the oldest kept), columnar with times in integer µs
+(`loraplex.api.cycle_view.columns`), oldest first.
 A poller passes back each lane's ``last_index`` and gets only what is new. Tenant ids follow
 the stats rule: an operator sees all, anyone else only its own.
 """

@@ -33,14 +33,17 @@ export class Timeline {
         mine = { lane: lane.lane, worker: lane.worker, records: [], capacity: lane.capacity };
         this.lanes.push(mine);
       }
-      const c = lane.cycles;
+      const c = lane.cycles;  // columns; times in integer µs (starts after c.t0, in s)
+      const us = 1e-6;
       for (let i = 0; i < c.index.length; i += 1) {
+        const engine = c.engine_us[i] * us;
+        const io = c.io_us[i] * us;
         mine.records.push({
           index: c.index[i], kind: c.kind[i], cls: answer.classes[c.kind[i]] || "control",
-          start: c.start[i], dur: Math.max(c.engine_s[i], c.io_s[i]), engine: c.engine_s[i],
-          train: c.train_s[i], optim: c.optim_s[i], io: c.io_s[i], tokens: c.num_tokens[i],
+          start: c.t0 + c.start_us[i] * us, dur: Math.max(engine, io), engine,
+          train: c.train_us[i] * us, optim: c.optim_us[i] * us, io, tokens: c.num_tokens[i],
           ops: c.num_ops[i], models: c.num_models[i], numTenants: c.num_tenants[i],
-          tenants: c.tenants[i].map((t) => answer.tenants[t]), wait: c.max_wait_s[i],
+          tenants: c.tenants[i].map((t) => answer.tenants[t]), wait: c.max_wait_us[i] * us,
         });
       }
       if (mine.records.length > mine.capacity) mine.records.splice(0, mine.records.length - mine.capacity);
