@@ -53,8 +53,9 @@ class StepSeries:
 
     Attributes:
         num_steps: closed steps after ``after_step`` (what the buckets cover).
-        steps: per point, its last step; ``times`` its last wall time; ``tokens`` the datum
-            tokens of its steps.
+        steps: per point, its last step; ``counts`` how many steps it holds (``bucket``, or
+            fewer at the end or after gaps); ``times`` its last wall time; ``tokens`` the
+            datum tokens of its steps.
         metrics: per key, the mean over the point's steps (None: no value, or not finite);
             ``lows`` / ``highs`` the minimum and maximum (only when ``bucket`` > 1).
         open_step: the step whose optim_step has not finished yet, and its metrics so far.
@@ -63,6 +64,7 @@ class StepSeries:
     num_steps: int
     bucket: int
     steps: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     metrics: dict[str, list[float | None]] = field(default_factory=dict)
@@ -133,11 +135,13 @@ class RunMetricsStore:
         args = (after_step, bucket, model_id, series, after_step, high)
         index: dict[int, int] = {}
         for row in self._db.query(
-                "SELECT (step - ?1 - 1) / ?2 AS b, MAX(step) AS step, MAX(wall_time) AS t,"
-                " SUM(num_tokens) AS tokens FROM run_steps WHERE model_id = ?3 AND series = ?4"
-                " AND is_open = 0 AND step > ?5 AND step <= ?6 GROUP BY b ORDER BY b", args):
+                "SELECT (step - ?1 - 1) / ?2 AS b, MAX(step) AS step, COUNT(*) AS n,"
+                " MAX(wall_time) AS t, SUM(num_tokens) AS tokens FROM run_steps"
+                " WHERE model_id = ?3 AND series = ?4 AND is_open = 0 AND step > ?5"
+                " AND step <= ?6 GROUP BY b ORDER BY b", args):
             index[int(row["b"])] = len(out.steps)
             out.steps.append(int(row["step"]))
+            out.counts.append(int(row["n"]))
             out.times.append(float(row["t"]))
             out.tokens.append(int(row["tokens"]))
         for row in self._db.query(

@@ -6,11 +6,14 @@ assets served from the package."""
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import re
+import tomllib
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -205,3 +208,10 @@ def test_page_and_assets_come_from_the_package(server: Server) -> None:
     for bad in ("nope.js", "index.html", "..%2Fapp.py", "style"):
         assert httpx.get(f"{server.url}/dashboard/assets/{bad}", trust_env=False,
                          timeout=30).status_code == 404, bad
+
+
+def test_every_asset_is_package_data_in_the_wheel() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["loraplex.api"]
+    assert all(any(fnmatch.fnmatch(f"static/dashboard/{name}", g) for g in globs)
+               for name in asset_names())

@@ -59,6 +59,7 @@ def test_long_series_come_back_bucketed_with_min_and_max(tmp_path: Path) -> None
                c.point("optim_step", {})])
     out = s.series("run-a", "train", max_points=4)  # 10 steps → buckets of 3
     assert out.bucket == 3 and out.num_steps == 10 and out.steps == [3, 6, 9, 10]
+    assert out.counts == [3, 3, 3, 1] and out.tokens == [12, 12, 12, 4]
     groups = [losses[0:3], losses[3:6], losses[6:9], losses[9:]]
     assert out.metrics["loss:sum"] == pytest.approx([sum(g) / len(g) for g in groups])
     assert out.lows["loss:sum"] == pytest.approx([min(g) for g in groups])

@@ -50,7 +50,8 @@ async def run_metrics(model_id: str, request: Request, tenant: Tenant, max_point
 
 def series_json(s: StepSeries) -> dict[str, Any]:
     out: dict[str, Any] = {"num_steps": s.num_steps, "bucket": s.bucket, "step": s.steps,
-                           "time": s.times, "tokens": s.tokens, "metrics": s.metrics}
+                           "count": s.counts, "time": s.times, "tokens": s.tokens,
+                           "metrics": s.metrics}
     if s.bucket > 1:
         out["min"], out["max"] = s.lows, s.highs
     out["open_step"] = (None if s.open_step is None

@@ -167,7 +167,7 @@ function drawCurves(container, m) {
   }
   if (m.train.step.length) {
     charts.push(["tokens per step", [{ label: "tokens", x: m.train.step,
-      y: m.train.tokens.map((t) => t / m.train.bucket), color: "#7a8aa0" }]]);
+      y: m.train.tokens.map((t, i) => t / m.train.count[i]), color: "#7a8aa0" }]]);
   }
   const nodes = charts.map(([key, series]) => {
     const node = el("div", { class: "chart", dataset: { metric: key } });

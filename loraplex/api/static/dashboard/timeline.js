@@ -107,8 +107,10 @@ export class Timeline {
         }
         drawn += 1;
       }
-      g.fillStyle = "#6b7a8c";
       g.font = "11px sans-serif";
+      g.fillStyle = "rgba(255, 255, 255, 0.85)";
+      g.fillRect(3, row * rowH + 2, g.measureText(lane.lane).width + 6, 15);
+      g.fillStyle = "#6b7a8c";
       g.fillText(lane.lane, 6, row * rowH + 13);
     });
     this.axis(g, t0, t1, W, H, x);
