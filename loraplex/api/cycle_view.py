@@ -9,6 +9,7 @@ is), but in each only its own id and the number of tenants the record carried (a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,9 @@ CLASS_OF_KIND = {"cycle": "training", "sample": "sampling", "control": "control"
                  "install": "control", "expire": "control", "release": "control", "io": "io"}
 """What the timeline colours a record by: training cycles, sampling steps, control and upkeep
 plans (create, snapshot, install, expire, release), and file work on IO threads."""
+
+
+INDEX = re.compile(r"-?[0-9]{1,18}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def parse_cursors(after: Iterable[str]) -> dict[str, int]:
     out = {}
     for value in after:
         lane, sep, index = value.rpartition(":")
-        if not sep or not lane or not index.lstrip("-").isdigit():
+        if not sep or not lane or not INDEX.fullmatch(index):
             raise user_error("after", f"expected LANE:INDEX, got {value!r}")
         out[lane] = int(index)
     return out

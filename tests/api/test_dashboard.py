@@ -76,9 +76,10 @@ def test_run_curves_hold_one_point_per_step_with_the_sdks_metrics(
     # Another tenant's run is a 404; a bad parameter a 400 naming it.
     assert call(server, f"/api/v1/loraplex/training_runs/{model_id}/metrics",
                 other).status_code == 404
-    bad = call(server, f"/api/v1/loraplex/training_runs/{model_id}/metrics", key,
-               max_points=0)
-    assert bad.status_code == 400 and "max_points" in bad.text
+    for field, value in (("max_points", 0), ("after_step", 2**70), ("after_step", -1)):
+        bad = call(server, f"/api/v1/loraplex/training_runs/{model_id}/metrics", key,
+                   **{field: value})
+        assert bad.status_code == 400 and field in bad.text, (field, value)
 
 
 def test_tenant_view_lists_only_the_callers_runs_checkpoints_and_samplers(
@@ -146,7 +147,8 @@ def test_cycle_feed_is_columnar_follows_cursors_and_hides_other_tenants(
     train(service_client, key, 1)
     later = ok(server, "/api/v1/loraplex/cycles", key, after=cursor)["lanes"][0]["cycles"]
     assert later["index"] and min(later["index"]) > lane["last_index"]
-    assert call(server, "/api/v1/loraplex/cycles", key, after="nocolon").status_code == 400
+    for bad in ("nocolon", f"{lane['lane']}:²", f"{lane['lane']}:1e3"):
+        assert call(server, "/api/v1/loraplex/cycles", key, after=bad).status_code == 400, bad
 
 
 def test_trace_export_is_valid_trace_event_json(server: Server, service_client: Make,

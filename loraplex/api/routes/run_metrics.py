@@ -23,6 +23,7 @@ from loraplex.store.run_metrics import StepSeries
 
 router = APIRouter(prefix="/api/v1")
 MAX_POINTS = 10_000
+MAX_STEP = 2**62  # SQLite integers are 64-bit
 
 
 @router.get("/loraplex/training_runs/{model_id}/metrics")
@@ -30,8 +31,8 @@ async def run_metrics(model_id: str, request: Request, tenant: Tenant, max_point
                       after_step: int = 0) -> dict[str, Any]:
     if not 1 <= max_points <= MAX_POINTS:
         raise user_error("max_points", f"must be in [1, {MAX_POINTS}], got {max_points}")
-    if after_step < 0:
-        raise user_error("after_step", f"must be ≥ 0, got {after_step}")
+    if not 0 <= after_step <= MAX_STEP:
+        raise user_error("after_step", f"must be in [0, {MAX_STEP}], got {after_step}")
     ctx = ctx_of(request)
     record = ctx.stores.runs.get(model_id, tenant)
     await asyncio.to_thread(metering.flush_steps, ctx)
