@@ -204,7 +204,8 @@ def serve(ctx: ServerContext, log_level: str = "info") -> None:
     names = ", ".join(m.name for m in ctx.catalog)
     print(f"loraplex: serving {names} on http://{config.host}:{config.port} "
           f"(data dir {os.path.abspath(config.data_dir)}, "
-          f"{'open access' if config.open_access else 'keys required'})", file=sys.stderr)
+          f"{'open access' if config.open_access else 'keys required'}); dashboard at "
+          f"http://{config.host}:{config.port}/dashboard", file=sys.stderr)
     # Keep idle keep-alive connections well past the SDK's 10 s heartbeat period, so a request
     # never races the server closing its connection.
     uvicorn.run(create_app(ctx), host=config.host, port=config.port, log_level=log_level,
