@@ -130,6 +130,20 @@ class Page:
             assert time.monotonic() < deadline, f"timed out waiting for {expression}"
             time.sleep(0.05)
 
+    def run_ids(self) -> list[str]:
+        ids: list[str] = self.page.locator("#runs-table tbody tr[data-run-id]").evaluate_all(
+            "rs => rs.map(r => r.dataset.runId)")
+        return ids
+
+    def loss_points(self) -> int:
+        svg = self.page.locator('#run-charts .chart[data-metric="loss:sum"] svg')
+        return int(svg.get_attribute("data-points") or 0)
+
+    def check_clean(self, key: str) -> None:
+        """No console error, and the key in no URL the page requested."""
+        assert self.errors == []
+        assert self.urls and not [u for u in self.urls if key in u]
+
     def open(self, url: str, view: str) -> dict[str, Any]:
         self.page.goto(url)
         self.wait(f"(document.body.dataset.rendered || '').split(' ').includes('{view}')")
@@ -142,6 +156,7 @@ class Page:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -151,21 +166,16 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
-def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    url = tenants.server.url
+def test_tenant_view_shows_own_runs_and_live_curves(tenants: Tenants, browser: Any) -> None:
     page = Page(browser)
-    page.open(f"{url}/dashboard#key={KEY_A}&poll=400", "tenant")
+    page.open(f"{tenants.server.url}/dashboard#key={KEY_A}&poll=400", "tenant")
     p = page.page
     assert "key=" not in p.url  # the fragment's key moved to sessionStorage
     assert p.locator("#operator-tab").is_hidden()  # a tenant key: no machine-wide view
-    rows = p.locator("#runs-table tbody tr[data-run-id]")
-    assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.runId)")) == sorted(
-        tenants.runs_a)
+    assert sorted(page.run_ids()) == sorted(tenants.runs_a)
     p.click(f'#runs-table tr[data-run-id="{tenants.runs_a[0]}"]')
-    loss = p.locator('#run-charts .chart[data-metric="loss:sum"] svg')
     page.wait(f"document.querySelector('#run-title').textContent === '{tenants.runs_a[0]}'")
-    assert loss.get_attribute("data-points") == str(STEPS)
+    assert page.loss_points() == STEPS
     # Live: one more step shows up without a reload.
     tenants.train_a.forward_backward([datum([2, 3, 9, 5])] * 2, "cross_entropy").result()
     tenants.train_a.optim_step(ADAM).result()
@@ -176,21 +186,27 @@ def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
     assert "dash-weights" in p.locator("#samplers-table").inner_text()
     assert tenants.run_b not in p.content()
     p.screenshot(path=str(RESULTS / "tenant.png"), full_page=True)
+    page.check_clean(KEY_A)
 
-    typed = Page(browser)  # the login field: tenant B sees its own run only
-    typed.page.goto(f"{url}/dashboard")
-    typed.page.fill("#key-input", KEY_B)
-    typed.page.click("#login-form button")
-    typed.wait("(document.body.dataset.rendered || '').split(' ').includes('tenant')")
-    assert typed.page.locator("#runs-table tbody tr[data-run-id]").evaluate_all(
-        "rs => rs.map(r => r.dataset.runId)") == [tenants.run_b]
-    assert not [r for r in tenants.runs_a if r in typed.page.content()]
 
-    op = Page(browser)
-    op.open(f"{url}/dashboard#key={tenants.operator}&view=operator&poll=400", "operator")
-    o = op.page
-    canvas = o.locator("#timeline")
-    assert int(canvas.get_attribute("data-multi-tenant-cycles") or 0) >= 1
+def test_the_login_field_signs_in_another_tenant(tenants: Tenants, browser: Any) -> None:
+    page = Page(browser)
+    page.page.goto(f"{tenants.server.url}/dashboard")
+    page.page.fill("#key-input", KEY_B)
+    page.page.click("#login-form button")
+    page.wait("(document.body.dataset.rendered || '').split(' ').includes('tenant')")
+    assert page.run_ids() == [tenants.run_b]
+    assert not [r for r in tenants.runs_a if r in page.page.content()]
+    page.check_clean(KEY_B)
+
+
+def test_operator_view_shows_cycles_that_packed_both_tenants(tenants: Tenants, browser: Any
+                                                             ) -> None:
+    page = Page(browser)
+    page.open(f"{tenants.server.url}/dashboard#key={tenants.operator}&view=operator&poll=400",
+              "operator")
+    o = page.page
+    assert int(o.locator("#timeline").get_attribute("data-multi-tenant-cycles") or 0) >= 1
     packed = o.locator("#packed-table tbody").inner_text()
     assert tenant_of(KEY_A) in packed and tenant_of(KEY_B) in packed
     waits = o.locator("#waits-table tbody").inner_text()
@@ -198,10 +214,11 @@ def test_dashboard_in_chromium(tenants: Tenants, browser: Any) -> None:
     refused = o.locator("#admissions-table tbody").inner_text()
     assert tenant_of(KEY_B) in refused and "in flight" in refused
     o.screenshot(path=str(RESULTS / "operator.png"), full_page=True)
+    page.check_clean(tenants.operator)
 
-    for one, key in ((page, KEY_A), (typed, KEY_B), (op, tenants.operator)):
-        assert one.errors == []
-        assert not [u for u in one.urls if key in u]
+
+def test_long_histories_render_fast(tenants: Tenants, browser: Any) -> None:
+    """Runs last: it adds 10,000 cycle records and a 5,000-step run to the module's server."""
     timings = long_history(tenants, browser)
     (RESULTS / "render.json").write_text(json.dumps(timings, indent=2) + "\n")
     for view in ("tenant", "operator"):
@@ -237,8 +254,7 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
         const t0 = performance.now();
         await window.loraplexDashboard.views.tenant.select('{long_run}');
         return performance.now() - t0; }}""")
-    drawn = int(p.locator('#run-charts .chart[data-metric="loss:sum"] svg')
-                .get_attribute("data-points") or 0)
+    drawn = page.loss_points()
     assert 1000 <= drawn <= 2000  # downsampled by the server: means of a few steps per point
     p.screenshot(path=str(RESULTS / "tenant_long_history.png"), full_page=True)
     out["tenant"] = {**state["timings"]["tenant"], "run_select_ms": select_ms,
@@ -257,5 +273,6 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
     out["operator"] = {**state["timings"]["operator"], "timeline_redraw_ms": redraw_ms,
                        "records_drawn": records, "last_refresh_phases": phases}
     out["load_average_1m"] = os.getloadavg()[0]
-    assert page.errors == [] and op.errors == []
+    page.check_clean(KEY_A)
+    op.check_clean(tenants.operator)
     return out
