@@ -16,7 +16,12 @@ export class TenantView {
     this.runs = [];
   }
 
+  // One refresh. The selected run's curves are fetched beside the lists (a poll's usual case:
+  // the selection did not change), after them only when the selection is new.
   async refresh() {
+    const guess = this.selected;
+    const curves = guess ? this.fetchRun(guess) : null;
+    curves?.catch(() => {});  // awaited below only when still wanted
     const [view, usage] = await Promise.all([
       getJSON("/api/v1/loraplex/dashboard/tenant"), getJSON("/api/v1/loraplex/usage")]);
     this.runs = view.runs;
@@ -28,7 +33,7 @@ export class TenantView {
     this.renderCheckpoints(view);
     this.renderSamplers(view);
     this.renderUsage(usage);
-    await this.refreshRun();
+    await this.refreshRun(this.selected === guess ? curves : null);
   }
 
   select(modelId) {
@@ -114,13 +119,17 @@ export class TenantView {
       `Priced with ${sheet.name} (effective ${sheet.effective}); ${usage.notes.join("; ")}.`;
   }
 
-  async refreshRun() {
+  fetchRun(modelId) {
+    return getJSON(`/api/v1/loraplex/training_runs/${encodeURIComponent(modelId)}/metrics`,
+      { max_points: MAX_POINTS });
+  }
+
+  // Draw the selected run's facts and curves (`pending`: its curves, already requested).
+  async refreshRun(pending = null) {
     const detail = this.root.querySelector("#run-detail");
     const run = this.runs.find((r) => r.model_id === this.selected);
     if (!run) { detail.hidden = true; return; }
-    const m = await getJSON(
-      `/api/v1/loraplex/training_runs/${encodeURIComponent(run.model_id)}/metrics`,
-      { max_points: MAX_POINTS });
+    const m = await (pending || this.fetchRun(run.model_id));
     if (run.model_id !== this.selected) return; // the user picked another run meanwhile
     detail.hidden = false;
     this.root.querySelector("#run-title").textContent = run.model_id;
