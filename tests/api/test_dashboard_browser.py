@@ -248,6 +248,7 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
     page = Page(browser)
     state = page.open(f"{tenants.server.url}/dashboard#key={KEY_A}&poll=60000", "tenant")
     p = page.page
+    first_phases = p.evaluate("window.loraplexDashboard.views.tenant.phases")
     p.click(f'#runs-table tr[data-run-id="{long_run}"]')
     page.wait(f"document.querySelector('#run-title').textContent === '{long_run}'")
     select_ms = p.evaluate(f"""async () => {{
@@ -257,8 +258,8 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
     drawn = page.loss_points()
     assert 1000 <= drawn <= 2000  # downsampled by the server: means of a few steps per point
     p.screenshot(path=str(RESULTS / "tenant_long_history.png"), full_page=True)
-    out["tenant"] = {**state["timings"]["tenant"], "run_select_ms": select_ms,
-                     "loss_points_drawn": drawn}
+    out["tenant"] = {**state["timings"]["tenant"], "first_refresh_phases": first_phases,
+                     "run_select_ms": select_ms, "loss_points_drawn": drawn}
     op = Page(browser)
     state = op.open(f"{tenants.server.url}/dashboard#key={tenants.operator}&view=operator"
                     "&poll=60000", "operator")

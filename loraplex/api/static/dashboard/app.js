@@ -48,7 +48,7 @@ function showLogin(message) {
 
 async function signIn() {
   try {
-    state.principal = await getJSON("/api/v1/loraplex/dashboard/tenant", { limit: 0 });
+    state.principal = await getJSON("/api/v1/loraplex/dashboard/tenant", { limit: 1 });
   } catch (error) {
     forgetKey();
     showLogin(error instanceof ApiError && error.status === 401
@@ -63,6 +63,8 @@ async function signIn() {
   $("operator-badge").hidden = !p.is_operator;
   $("operator-tab").hidden = !p.is_operator;
   views = { tenant: new TenantView($("tenant-view")) };
+  // The newest run is selected first: its curves load beside the first lists.
+  views.tenant.selected = p.runs.length ? p.runs[0].model_id : null;
   if (p.is_operator) views.operator = new OperatorView($("operator-view"));
   state.views = views;
   show(viewFromHash());

@@ -17,8 +17,10 @@ export class TenantView {
   }
 
   // One refresh. The selected run's curves are fetched beside the lists (a poll's usual case:
-  // the selection did not change), after them only when the selection is new.
+  // the selection did not change), after them only when the selection is new. `this.phases`
+  // keeps how long its parts took (ms, performance.now()).
   async refresh() {
+    const t0 = performance.now();
     const guess = this.selected;
     const curves = guess ? this.fetchRun(guess) : null;
     curves?.catch(() => {});  // awaited below only when still wanted
@@ -33,7 +35,9 @@ export class TenantView {
     this.renderCheckpoints(view);
     this.renderSamplers(view);
     this.renderUsage(usage);
-    await this.refreshRun(this.selected === guess ? curves : null);
+    const t1 = performance.now();
+    const run = await this.refreshRun(this.selected === guess ? curves : null);
+    this.phases = { lists_ms: t1 - t0, curves_ms: performance.now() - t1, ...run };
   }
 
   select(modelId) {
@@ -125,16 +129,20 @@ export class TenantView {
   }
 
   // Draw the selected run's facts and curves (`pending`: its curves, already requested).
+  // Returns how long waiting for the curves and drawing them took (ms).
   async refreshRun(pending = null) {
     const detail = this.root.querySelector("#run-detail");
     const run = this.runs.find((r) => r.model_id === this.selected);
-    if (!run) { detail.hidden = true; return; }
+    if (!run) { detail.hidden = true; return {}; }
+    const t0 = performance.now();
     const m = await (pending || this.fetchRun(run.model_id));
-    if (run.model_id !== this.selected) return; // the user picked another run meanwhile
+    if (run.model_id !== this.selected) return {}; // the user picked another run meanwhile
+    const t1 = performance.now();
     detail.hidden = false;
     this.root.querySelector("#run-title").textContent = run.model_id;
     this.root.querySelector("#run-facts").replaceChildren(...runFacts(run, m));
     drawCurves(this.root.querySelector("#run-charts"), m);
+    return { curves_wait_ms: t1 - t0, curves_draw_ms: performance.now() - t1 };
   }
 }
 
