@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from loraplex.scheduler.admission_log import AdmissionLog
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
 from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.tenant_waits import TenantWaits
@@ -144,3 +145,10 @@ def test_queue_waits_are_kept_per_tenant_and_bounded() -> None:
                                 "a": {"train": [2.0, 3.0, 4.0], "sample": [0.5]}}
     waits.observe("train", [("c", 1.0)])  # a third tenant: the least recently seen goes
     assert set(waits.snapshot()) == {"a", "c"}
+
+
+def test_the_admission_log_keeps_the_latest_refusals() -> None:
+    log = AdmissionLog(max_events=3)
+    for i in range(5):
+        log.refused(f"t{i}", "Sample", "tenant has 256 ops in flight; retry")
+    assert [e.tenant for e in log.recent()] == ["t2", "t3", "t4"]
