@@ -194,7 +194,7 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
     phases, cal, m = result["phases"], result["calibrated"], result["model"]
     s = result["settings"]
     lines = [
-        "# Cost model vs loraplex's own server (CPU, built-in `small` model)", "",
+        f"# Cost model vs loraplex's own server (CPU, {m['name']})", "",
         f"Model: {m['name']}, N = {m['matmul_params']:,} matmul params, LoRA rank {m['rank']} "
         f"({m['lora_params']:,} adapter params). {s['rounds']} rounds, each one SFT step "
         f"({len(s['sft_lengths'])} datums of {s['sft_lengths'][0]} tokens) and one GRPO step "

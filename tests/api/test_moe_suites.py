@@ -84,6 +84,21 @@ def test_export_download_holds_the_expert_tensors(server: Server, trained: Any) 
     assert {"w1", "w2", "w3"} <= set(config["target_modules"])
 
 
+def test_usage_is_metered_and_priced_as_the_moe(server: Server, trained: Any) -> None:
+    """Trained tokens of the MoE are billed at Qwen3-30B-A3B's rate (its 3B active
+    parameters), not the dense default's."""
+    import httpx
+
+    key, tc = trained
+    report = httpx.get(f"{server.url}/api/v1/loraplex/usage", headers={"X-API-Key": key},
+                       trust_env=False, timeout=30).json()
+    run = next(r for r in report["runs"] if r["run_id"] == tc.model_id)
+    assert run["base_models"] == [MOE_MODEL]
+    trained_tokens = run["tokens"]["trained_tokens"]
+    assert trained_tokens == sum(len(d.model_input.to_ints()) for d in test_training.DATA)
+    assert run["bill_usd"]["per_rollout"]["train"] == pytest.approx(trained_tokens * 0.36 / 1e6)
+
+
 test_sft_loop_with_pipelined_chunked_steps_lowers_the_loss = on_moe(
     test_training.test_sft_loop_with_pipelined_chunked_steps_lowers_the_loss)
 test_forward_backward_custom_equals_the_matching_linear_loss = on_moe(
