@@ -55,7 +55,7 @@ def parse_experts(config: Mapping[str, Any], num_layers: int) -> ExpertSpec:
     if config.get("shared_expert_intermediate_size"):
         raise user_error("config.shared_expert_intermediate_size",
                          "shared experts are not supported by this engine")
-    num_experts = config.get("num_experts", config.get("num_local_experts"))
+    num_experts = config.get("num_experts") or config.get("num_local_experts")
     if not isinstance(num_experts, int) or num_experts < 1:
         raise user_error("config.num_experts", f"must be a positive integer, got {num_experts!r}")
     top_k = config.get("num_experts_per_tok")
