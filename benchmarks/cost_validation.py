@@ -55,6 +55,20 @@ from loraplex.domain.model_card import ModelCard
 API_KEY = "tml-cost-validation"
 MODEL_NAME = "small"
 GOAL = 0.20
+MOE_NOTES = """\
+## The MoE model
+
+`small-moe` (8 experts of width 512, top-2, every layer sparse) is priced on its *active*
+parameters: N counts the router and the 2 routed experts a token passes
+(`ModelCard.matmul_params`), not all 8, and the adapter terms count Tinker's LoRA on every
+expert (the hidden-side factor shared by a layer's experts, `ModelCard.lora_rank_widths`).
+Training carries over as for the dense model (the calibrated GRPO ratio). A decode iteration
+costs more beyond its matmuls than the dense model's: each sparse layer also routes (router
+GEMM, top-k), sorts the assignments by expert, pads every expert's group (and every expert ×
+adapter group of the LoRA layout) to 16 rows for batch invariance, and gathers rows in and out
+of those layouts; at a decode batch of 32 rows (64 assignments) half the rows are pad. That is
+the per-iteration overhead the fitted term absorbs; the calculator's GPU presets leave it at 0.
+"""
 
 
 # ---- reading the server ------------------------------------------------------------------------
@@ -269,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     name = "cost_validation" + ("_moe" if args.model != MODEL_NAME else "") + (
         "_quick" if args.quick else "")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(result, out / f"{name}.md")
+    write_markdown(result, out / f"{name}.md", MOE_NOTES if args.model != MODEL_NAME else "")
     for phase, row in result["phases"].items():
         print(f"{phase:10s} predicted {row['predicted_s']:8.2f} s  measured "
               f"{row['measured_s']:8.2f} s  ratio {row['ratio']:.2f}", file=sys.stderr)

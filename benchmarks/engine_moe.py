@@ -15,13 +15,16 @@ One process, the same base weights on both sides, interleaved round by round (pe
 * sample: 8 prompts × 128 tokens × G = 8 samples × 64 new tokens (temperature 1, no EOS).
   Ours: the KV-cache sampler; baseline: HF ``generate`` on the PEFT model (B ≠ 0 both sides).
 
-Reported (JSON keys): ``train_ratio`` (ours ÷ baseline tok/s, goal ≥ 1.5), ``sample_ratio``
-(goal ≥ 2), ``roofline_fraction`` (ours ÷ the GEMM probe's FLOP/s over the training FLOPs of a
-token on *active* parameters, `loraplex.cost.flops`; reported), ``packed_efficiency`` (8
-adapters packed ÷ 1 adapter on the same batch, goal ≥ 0.9) and ``bytes_vs_theory`` (resident
-adapter + AdamW moments ÷ 12 bytes × the card's Tinker-scheme parameter count, goal ≤ 1.1).
+Reported (JSON keys; a ratio is the median over rounds of that round's pair of runs, which
+back to back see the same load): ``train_ratio`` (ours ÷ baseline tok/s, goal ≥ 1.5),
+``sample_ratio`` (goal ≥ 2), ``roofline_fraction`` (ours ÷ the GEMM probe's FLOP/s over the
+training FLOPs of a token on *active* parameters, `loraplex.cost.flops`; reported),
+``packed_efficiency`` (8 adapters packed ÷ 1 adapter on the same batch, goal ≥ 0.9) and
+``bytes_vs_theory`` (resident adapter + AdamW moments ÷ 12 bytes × the card's Tinker-scheme
+parameter count, goal ≤ 1.1).
 
-    python -m benchmarks.engine_moe [--rounds 3] [--threads 1] [--model-dir DIR]
+    python -m benchmarks.engine_moe [--rounds 3] [--train-rounds 5] [--threads 1]
+        [--model-dir DIR]
 """
 
 from __future__ import annotations
@@ -175,9 +178,15 @@ def measure_sample(model_dir: Path, rounds: int) -> dict[str, Any]:
     return {name: summary(FANOUT, timings) for name, timings in runs.items()}
 
 
+def paired(slower_s: list[float], faster_s: list[float]) -> float:
+    """Median over rounds of ``slower / faster`` seconds (the same work on both sides)."""
+    return statistics.median(a / b for a, b in zip(slower_s, faster_s, strict=True))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="sampling rounds")
+    parser.add_argument("--train-rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--model-dir", type=Path,
                         default=SCRATCH / "bench" / "engine_moe" / "small-moe")
@@ -187,19 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load_average()
     model_dir = ensure_builtin_model(args.model_dir.resolve(), "qwen3_moe", "small", seed=0)
     probe_start = probe_machine()
-    train = measure_train(str(model_dir), args.rounds)
+    train = measure_train(str(model_dir), args.train_rounds)
     sample = measure_sample(model_dir, args.rounds)
     probe_end = probe_machine()
     t = train["tok_s"]
     result = {
         "benchmark": "engine_moe", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "threads": args.threads, "rounds": args.rounds,
+        "threads": args.threads, "rounds": args.rounds, "train_rounds": args.train_rounds,
         "load_avg_start": list(load_start), "load_avg_end": list(load_average()),
         "probe_start": probe_start.as_dict(), "probe_end": probe_end.as_dict(),
-        "train_ratio": t["ours"] / t["baseline"],
-        "sample_ratio": sample["ours"]["tok_s_median"] / sample["hf_generate"]["tok_s_median"],
+        "train_ratio": paired(train["seconds"]["baseline"], train["seconds"]["ours"]),
+        "sample_ratio": paired(sample["hf_generate"]["seconds"], sample["ours"]["seconds"]),
         "roofline_fraction": t["ours"] / train["roofline_tok_s"],
-        "packed_efficiency": t["packed"] / t["ours"],
+        "packed_efficiency": paired(train["seconds"]["ours"], train["seconds"]["packed"]),
+        "median_tok_s_ratios": {"train": t["ours"] / t["baseline"], "packed": t["packed"] / t[
+            "ours"], "sample": (sample["ours"]["tok_s_median"]
+                                / sample["hf_generate"]["tok_s_median"])},
         "bytes_vs_theory": train["bytes_per_adapter"] / train["bytes_theory"],
         "train": train, "sample": sample,
         "workload": {"model": "builtin small-moe (qwen3_moe, 8 experts, top-2)", "rank": RANK,
@@ -226,7 +238,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# MoE engine benchmark: built-in small-moe vs transformers + PEFT", "",
         f"Measured {r['measured_at']} with `python -m benchmarks.engine_moe`, {r['threads']} "
-        f"thread(s), {r['rounds']} interleaved rounds (medians). Model: {t['total_params']:,} "
+        f"thread(s), {r['train_rounds']} training and {r['rounds']} sampling rounds, "
+        "interleaved (ratios: medians of per-round pairs). Model: {t['total_params']:,} "
         f"parameters, {t['active_params']:,} active per token. Load average (1/5/15 min) "
         f"{[round(x, 2) for x in r['load_avg_start']]} → "
         f"{[round(x, 2) for x in r['load_avg_end']]}; GEMM probe "
@@ -245,7 +258,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"| sample: ours | {s['ours']['tok_s_median']:,.1f} |",
         f"| sample: HF generate + PEFT | {s['hf_generate']['tok_s_median']:,.1f} |", "",
         f"Adapter: {t['adapter_params']:,} trainable parameters (Tinker's scheme, counted "
-        "as the cookbook counts it); {t['bytes_per_adapter']:,} bytes resident with its "
+        f"as the cookbook counts it); {t['bytes_per_adapter']:,} bytes resident with its "
         f"AdamW moments vs {t['bytes_theory']:,.0f} theory. PEFT's per-expert LoRA on the fused "
         f"experts trains {t['peft_trainable_params']:,} parameters (its factors are not shared "
         "across experts), so the baseline adapter is not the same adapter; the base weights "
