@@ -16,7 +16,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.model.weights import BaseWeights, expected_names, from_hf_state
+from loraplex.engine.model.weights import (
+    BaseWeights,
+    expected_names,
+    from_hf_state,
+    fused_expert_layers,
+)
 from loraplex.errors import user_error
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,10 +53,15 @@ def load_weights(
         UserError: missing/unexpected tensor names or wrong shapes (the message names them).
     """
     model_dir = Path(model_dir)
-    wanted = expected_names(spec)
+    shards = shard_files(model_dir)
+    names: set[str] = set()
+    for path in shards:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            names.update(f.keys())
+    wanted = expected_names(spec, fused_expert_layers(spec, names))
     tensors: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    for path in shard_files(model_dir):
+    for path in shards:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 if name not in wanted:

@@ -10,6 +10,10 @@ layout), ``down_E_D_F`` its down projection. Hugging Face checkpoints (and what 
     model.layers.{i}.mlp.experts.{e}.up_proj.weight          (f, d)
     model.layers.{i}.mlp.experts.{e}.down_proj.weight        (d, f)
 
+Checkpoints written from transformers' in-memory state dict (5.x fuses the experts) hold the
+stacked tensors themselves, ``model.layers.{i}.mlp.experts.gate_up_proj`` ``(E, 2f, d)``
+(``[gate; up]``) and ``...experts.down_proj`` ``(E, d, f)``; both layouts load.
+
 Knows nothing about files (`checkpoint` reads them) or routing (`moe`).
 """
 
@@ -49,8 +53,16 @@ def expert_name(layer: int, expert: int, projection: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
 
 
-def expert_names(experts: ExpertSpec, layer: int) -> list[str]:
-    """HF names of one sparse layer's router and experts."""
+def fused_name(layer: int, tensor: str) -> str:
+    """``model.layers.{layer}.mlp.experts.gate_up_proj`` / ``.down_proj`` (fused layout)."""
+    return f"model.layers.{layer}.mlp.experts.{tensor}"
+
+
+def expert_names(experts: ExpertSpec, layer: int, fused: bool = False) -> list[str]:
+    """HF names of one sparse layer's router and experts (per expert, or fused)."""
+    if fused:
+        return [router_name(layer), fused_name(layer, "gate_up_proj"),
+                fused_name(layer, "down_proj")]
     return [router_name(layer), *(expert_name(layer, e, p) for e in range(experts.num_experts)
                                   for p in PROJECTIONS)]
 
@@ -64,6 +76,8 @@ def experts_from_hf(experts: ExpertSpec, layer: int,
         KeyError: a tensor is missing (the caller turns it into a user error).
         ValueError: gate, up and down shapes do not fit together.
     """
+    if fused_name(layer, "gate_up_proj") in tensors:
+        return _fused_from_hf(experts, layer, tensors)
     gate_up, down = [], []
     for e in range(experts.num_experts):
         gate, up, d = (tensors.pop(expert_name(layer, e, p)) for p in PROJECTIONS)
@@ -74,6 +88,18 @@ def experts_from_hf(experts: ExpertSpec, layer: int,
         down.append(d)
     return ExpertWeights(tensors.pop(router_name(layer)), torch.stack(gate_up),
                          torch.stack(down))
+
+
+def _fused_from_hf(experts: ExpertSpec, layer: int,
+                   tensors: MutableMapping[str, torch.Tensor]) -> ExpertWeights:
+    gate_up = tensors.pop(fused_name(layer, "gate_up_proj"))
+    down = tensors.pop(fused_name(layer, "down_proj"))
+    e, f = experts.num_experts, experts.expert_intermediate_size
+    if gate_up.dim() != 3 or gate_up.shape[:2] != (e, 2 * f) or down.shape != (
+            e, gate_up.shape[2], f):
+        raise ValueError(f"layer {layer}: fused gate_up_proj {tuple(gate_up.shape)}, down_proj "
+                         f"{tuple(down.shape)} do not fit {e} experts of width {f}")
+    return ExpertWeights(tensors.pop(router_name(layer)), gate_up, down)
 
 
 def expert_named_tensors(layer: int, weights: ExpertWeights) -> Iterator[tuple[str, torch.Tensor]]:

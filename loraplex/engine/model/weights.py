@@ -8,7 +8,7 @@ the dense MLP (`expert_weights`). A tied model's ``lm_head`` is the embedding te
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, fields
 
 import torch
@@ -18,6 +18,7 @@ from loraplex.engine.model.expert_weights import (
     expert_named_tensors,
     expert_names,
     experts_from_hf,
+    fused_name,
     random_experts,
 )
 from loraplex.engine.model.spec import ModelSpec
@@ -139,8 +140,16 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
     return BaseWeights(embed, layers, tensors["model.norm.weight"], head)
 
 
-def expected_names(spec: ModelSpec) -> set[str]:
-    """HF names a checkpoint of this spec must contain."""
+def fused_expert_layers(spec: ModelSpec, names: Collection[str]) -> tuple[int, ...]:
+    """The sparse layers whose experts ``names`` (a checkpoint's) hold in the fused layout."""
+    experts = spec.experts
+    return () if experts is None else tuple(
+        i for i in experts.sparse_layers if fused_name(i, "gate_up_proj") in names)
+
+
+def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[str]:
+    """HF names a checkpoint of this spec must contain (``fused_layers``: sparse layers whose
+    experts the checkpoint stores fused, `expert_weights`)."""
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not spec.tie_word_embeddings:
         names.add("lm_head.weight")
@@ -148,7 +157,7 @@ def expected_names(spec: ModelSpec) -> set[str]:
         names.update(f"model.layers.{i}.{_hf_suffix(name)}.weight"
                      for name in layer_fields(spec, i))
         if spec.experts is not None and spec.is_sparse(i):
-            names.update(expert_names(spec.experts, i))
+            names.update(expert_names(spec.experts, i, fused=i in fused_layers))
     return names
 
 

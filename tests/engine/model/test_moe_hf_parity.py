@@ -22,6 +22,7 @@ from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.transformer import Transformer
+from loraplex.errors import UserError
 
 TOL, GRAD_REL_TOL = 1e-4, 1e-5
 RANK, ALPHA = 4, 8.0
@@ -195,3 +196,24 @@ def test_model_info_counts_match_transformers(hf_model_factory) -> None:
         info = load_model(path).model_info()
         assert info.num_params == sum(p.numel() for p in hf_model.parameters()), name
         assert info.card.moe is not None and info.card.moe.num_experts == 8
+
+
+def test_fused_expert_checkpoint_loads(hf_model_factory, tmp_path: Path) -> None:
+    """transformers 5's in-memory state dict (experts fused ``(E, 2f, d)`` / ``(E, d, f)``)
+    written as it is, e.g. by a tool that skips ``save_pretrained``'s per-expert conversion."""
+    from safetensors.torch import save_file
+
+    path, hf_model = hf_model_factory("qwen3_moe", False, **CONFIGS["mlp-only-layer"][1])
+    state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    model = load_model(tmp_path)
+    seqs = sequences(model.spec.vocab_size, [30], seed=6)
+    with torch.no_grad():
+        (ours,) = packed_logits(model, seqs)
+        assert (ours - hf_model(seqs[0][None]).logits[0]).abs().max().item() <= TOL
+    del state["model.layers.2.mlp.experts.down_proj"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UserError, match="missing"):
+        load_model(tmp_path)
