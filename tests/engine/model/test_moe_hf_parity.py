@@ -25,6 +25,7 @@ from loraplex.engine.model.transformer import Transformer
 from loraplex.errors import UserError
 
 TOL, GRAD_REL_TOL = 1e-4, 1e-5
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 RANK, ALPHA = 4, 8.0
 #: (tie, overrides): all layers sparse with renormalised top-k; a dense-only layer via
 #: ``mlp_only_layers`` with raw top-k probabilities; every other layer sparse via
@@ -129,8 +130,7 @@ def merged_parameters(hf_model: Any, model: Transformer, adapter: Any) -> dict[s
             elif target == "unembed":
                 out["lm_head.weight"] = params["lm_head.weight"] + s * b @ a
             else:
-                part = "self_attn" if target.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) \
-                    else "mlp"
+                part = "self_attn" if target in ATTENTION else "mlp"
                 name = f"model.layers.{layer}.{part}.{target}.weight"
                 out[name] = params[name] + s * b @ a
     return out
