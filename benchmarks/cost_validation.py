@@ -2,7 +2,9 @@
 
     python benchmarks/cost_validation.py [--quick] [--threads N] [--out benchmarks/results]
 
-Starts ``loraplex serve`` on the built-in ``small`` model (a subprocess, ``--open``), drives a
+Starts ``loraplex serve`` on the built-in ``small`` model (``--model small-moe``: the
+Qwen3-MoE built-in, priced on its active parameters; results ``cost_validation_moe.*``) (a
+subprocess, ``--open``), drives a
 short SFT run and a short GRPO run (sample G completions per prompt → reward → group-centred
 advantages → ``importance_sampling`` forward_backward + optim_step) through the official
 ``tinker`` SDK, and reads what the engine actually spent per phase from the server
@@ -53,6 +55,20 @@ from loraplex.domain.model_card import ModelCard
 API_KEY = "tml-cost-validation"
 MODEL_NAME = "small"
 GOAL = 0.20
+MOE_NOTES = """\
+## The MoE model
+
+`small-moe` (8 experts of width 512, top-2, every layer sparse) is priced on its *active*
+parameters: N counts the router and the 2 routed experts a token passes
+(`ModelCard.matmul_params`), not all 8, and the adapter terms count Tinker's LoRA on every
+expert (the hidden-side factor shared by a layer's experts, `ModelCard.lora_rank_widths`).
+Training carries over as for the dense model (the calibrated GRPO ratio). A decode iteration
+costs more beyond its matmuls than the dense model's: each sparse layer also routes (router
+GEMM, top-k), sorts the assignments by expert, pads every expert's group (and every expert ×
+adapter group of the LoRA layout) to 16 rows for batch invariance, and gathers rows in and out
+of those layouts; at a decode batch of 32 rows (64 assignments) half the rows are pad. That is
+the per-iteration overhead the fitted term absorbs; the calculator's GPU presets leave it at 0.
+"""
 
 
 # ---- reading the server ------------------------------------------------------------------------
@@ -154,7 +170,8 @@ def grpo_sample(scl: Any, types: Any, prompts: list[list[int]], s: Settings, see
     return [f.result() for f in futures]
 
 
-def run_workloads(base_url: str, s: Settings, card: ModelCard) -> list[StepRecord]:
+def run_workloads(base_url: str, s: Settings, card: ModelCard, model: str = MODEL_NAME
+                  ) -> list[StepRecord]:
     """Two training runs on one server (an SFT run and a GRPO run, one LoRA each), their steps
     interleaved round by round so both see the same machine; every step runs alone between two
     server snapshots and two machine probes (the server idle while probing)."""
@@ -164,9 +181,9 @@ def run_workloads(base_url: str, s: Settings, card: ModelCard) -> list[StepRecor
 
     torch.set_num_threads(s.threads)  # the probes run at the server's thread count
     sc = tinker.ServiceClient(base_url=base_url, api_key=API_KEY)
-    sft_tc = sc.create_lora_training_client(base_model=MODEL_NAME, rank=s.rank,
+    sft_tc = sc.create_lora_training_client(base_model=model, rank=s.rank,
                                             seed=s.seed).result()
-    rl_tc = sc.create_lora_training_client(base_model=MODEL_NAME, rank=s.rank,
+    rl_tc = sc.create_lora_training_client(base_model=model, rank=s.rank,
                                            seed=s.seed + 1).result()
     rng, vocab = random.Random(s.seed + 1), card.vocab_size
     sft = sft_data(types, s.sft_lengths, vocab, s.seed)
@@ -226,20 +243,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch threads of the server and of the GEMM probe (same on both; "
                         "1 by default: 2-thread OpenMP collapses on a shared 2-core box)")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--model", choices=(MODEL_NAME, "small-moe"), default=MODEL_NAME,
+                   help="the built-in served (and its results' file name suffix)")
     p.add_argument("--data-dir", default=None,
                    help="server data dir (reuse one to skip building the built-in model)")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     return p.parse_args(argv)
 
 
-def launch_server(data_dir: Path, threads: int, log_path: Path) -> ServerProcess:
+def launch_server(data_dir: Path, threads: int, log_path: Path, model: str = MODEL_NAME
+                  ) -> ServerProcess:
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--data-dir",
-           str(data_dir), "--model", f"{MODEL_NAME}=builtin:{MODEL_NAME}", "--open"]
+           str(data_dir), "--model", f"{model}=builtin:{model}", "--open"]
     return ServerProcess.launch(cmd, env, log_path, base_url=f"http://127.0.0.1:{port}",
-                                base_model=MODEL_NAME)
+                                base_model=model)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -250,18 +270,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cost_validation_") as tmp:
         data_dir = Path(args.data_dir) if args.data_dir else Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
-        print(f"starting loraplex serve ({MODEL_NAME}, {args.threads} threads) in {data_dir}",
+        print(f"starting loraplex serve ({args.model}, {args.threads} threads) in {data_dir}",
               file=sys.stderr)
-        with launch_server(data_dir, args.threads, Path(tmp) / "server.log") as server:
+        with launch_server(data_dir, args.threads, Path(tmp) / "server.log",
+                           args.model) as server:
             server.wait_ready("/api/v1/healthz", args.startup_timeout)
-            card = model_card(data_dir / "models" / f"builtin-{MODEL_NAME}" / "config.json",
-                              MODEL_NAME)
-            records = run_workloads(server.base_url, settings, card)
+            card = model_card(data_dir / "models" / f"builtin-{args.model}" / "config.json",
+                              args.model)
+            records = run_workloads(server.base_url, settings, card, args.model)
     result = predict_phases(card, records, settings, GOAL)
     result["settings"] = asdict(settings) | {"quick": args.quick}
-    name = "cost_validation_quick" if args.quick else "cost_validation"
+    name = "cost_validation" + ("_moe" if args.model != MODEL_NAME else "") + (
+        "_quick" if args.quick else "")
     (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(result, out / f"{name}.md")
+    write_markdown(result, out / f"{name}.md", MOE_NOTES if args.model != MODEL_NAME else "")
     for phase, row in result["phases"].items():
         print(f"{phase:10s} predicted {row['predicted_s']:8.2f} s  measured "
               f"{row['measured_s']:8.2f} s  ratio {row['ratio']:.2f}", file=sys.stderr)

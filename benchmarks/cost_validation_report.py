@@ -16,8 +16,9 @@ METHOD = """\
 ## Method
 
 1. `benchmarks/cost_validation.py` starts `loraplex serve --model small=builtin:small --open`
-   as a subprocess (torch engine, fp32 on CPU; the server's and the probes' torch threads set
-   alike) and drives it with the official `tinker` SDK as two training runs with one LoRA each:
+   (`--model small-moe`: `small-moe=builtin:small-moe`) as a subprocess (torch engine, fp32 on
+   CPU; the server's and the probes' torch threads set alike) and drives it with the official
+   `tinker` SDK as two training runs with one LoRA each:
    an SFT run (cross-entropy, one `forward_backward` + `optim_step` per step) and a GRPO run
    (each step: save weights for the sampler, sample G completions for each of P fresh prompts,
    reward = share of generated ids in the lower half of the vocabulary, advantages centred per
@@ -161,7 +162,8 @@ def reading(result: dict[str, Any]) -> list[str]:
         "grouped GEMMs per target), the tiled attention, sampling over the 8k vocabulary, and "
         "Python dispatch of a few thousand aten calls per decode iteration. On a GPU with CUDA "
         "graphs this per-iteration cost is small next to streaming billions of weights, which "
-        "is what the calculator assumes; on a 20M-parameter model on CPU it dominates, so no "
+        "is what the calculator assumes; on a model of a few 10M parameters on CPU it dominates, "
+        "so no "
         "efficiency factor measured on training can transfer to decode (calibrated ratio "
         f"{_f(cal['rl_sample']['ratio'])}; with decode priced at its measured matmul time, "
         f"{_f(cal['rl_sample_decode_matmul_probe']['ratio'])}). "
@@ -194,7 +196,7 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
     phases, cal, m = result["phases"], result["calibrated"], result["model"]
     s = result["settings"]
     lines = [
-        "# Cost model vs loraplex's own server (CPU, built-in `small` model)", "",
+        f"# Cost model vs loraplex's own server (CPU, {m['name']})", "",
         f"Model: {m['name']}, N = {m['matmul_params']:,} matmul params, LoRA rank {m['rank']} "
         f"({m['lora_params']:,} adapter params). {s['rounds']} rounds, each one SFT step "
         f"({len(s['sft_lengths'])} datums of {s['sft_lengths'][0]} tokens) and one GRPO step "

@@ -14,3 +14,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return create_builtin_model(tmp_path_factory.mktemp("builtin") / "tiny-qwen3", "qwen3",
                                 "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in ``tiny`` Qwen3-MoE model (``builtin:tiny-moe``, seed 0), once per session."""
+    from loraplex.engine.builtin.model import create_builtin_model
+
+    return create_builtin_model(tmp_path_factory.mktemp("builtin") / "tiny-qwen3-moe",
+                                "qwen3_moe", "tiny", seed=0)

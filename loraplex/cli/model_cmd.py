@@ -1,8 +1,9 @@
 """`loraplex model create-tiny | info | cache-tokenizer`: built-in models, facts, tokenizers.
 
-``create-tiny DIR [--arch qwen3|llama] [--size tiny|small] [--seed N]`` writes a random model
-(HF safetensors + config.json) and a locally trained tokenizer, without network: ``tiny``
-(≤ 1M parameters) for tests, ``small`` (≈ 20M, 4 layers, hidden 512, vocab 8k) for benchmarks.
+``create-tiny DIR [--arch qwen3|llama|qwen3_moe] [--size tiny|small] [--seed N]`` writes a
+random model (HF safetensors + config.json) and a locally trained tokenizer, without network:
+``tiny`` (≤ 1M parameters) for tests, ``small`` (≈ 20M, 4 layers, hidden 512, vocab 8k) for
+benchmarks; ``qwen3_moe``: the same with 8 routed experts (top-2) in every layer.
 ``info DIR`` prints the model facts the server would report, as JSON.
 """
 
@@ -23,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="model_command", required=True)
     create = verbs.add_parser("create-tiny", help="write a random built-in model + tokenizer")
     create.add_argument("directory", metavar="DIR", help="target directory (absent or empty)")
-    create.add_argument("--arch", choices=("qwen3", "llama"), default="qwen3")
+    create.add_argument("--arch", choices=("qwen3", "llama", "qwen3_moe"),
+                        default="qwen3")
     create.add_argument("--size", choices=("tiny", "small"), default="tiny")
     create.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed")
     create.set_defaults(func=_create)

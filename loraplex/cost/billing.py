@@ -8,16 +8,22 @@ with the configured sheet (`MeteringConfig`), a served NAME mapping to a sheet m
 * ``cache_aware``: a group's shared prompt is billed once and its other ``G - 1`` copies, like
   the engine's own prefix-cache hits, at ``cached_prefill_ratio`` × prefill.
 
+A mixture-of-experts model served under a NAME that the sheet neither lists nor maps is priced
+as the sheet model of the nearest *active* parameter count (`Biller` ``active_params``, which
+the server fills for its MoE models): one with 3B of 30B parameters active is priced like
+Qwen3-30B-A3B, not like a dense 30B model; other unknown names get ``default_model``.
 Storage is not metered yet (billed at 0). No I/O: callers pass the rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from loraplex.config import MeteringConfig
+from loraplex.cost.cards.models import MODEL_CARDS
 from loraplex.cost.price_sheets import get_price_sheet, price_sheet_from_mapping
 from loraplex.cost.pricing import (
     BILLING_MODES,
@@ -80,13 +86,20 @@ class TenantUsage:
 class Biller:
     """Prices usage rows with one sheet.
 
+    Args:
+        config: the sheet, the name mapping and the default.
+        active_params: served NAME → active parameters of the mixture-of-experts model
+            served under it (the server's `ModelInfo.card`), for names the sheet does not know.
+
     Raises:
         UserError: an unknown sheet, a default or mapped model the sheet does not list, or a
             cache ratio outside [0, 1].
     """
 
-    def __init__(self, config: MeteringConfig) -> None:
+    def __init__(self, config: MeteringConfig,
+                 active_params: Mapping[str, int] | None = None) -> None:
         self.config = config
+        self.active_params = dict(active_params or {})
         self.sheet: PriceSheet = (price_sheet_from_mapping(config.price_table, "price_table")
                                   if config.price_table is not None
                                   else get_price_sheet(config.price_sheet))
@@ -101,7 +114,17 @@ class Biller:
         mapped = self.config.model_map.get(served_name)
         if mapped is not None:
             return mapped
-        return served_name if served_name in self.sheet.prices else self.config.default_model
+        if served_name in self.sheet.prices:
+            return served_name
+        active = self.active_params.get(served_name)
+        return self.config.default_model if active is None else self.nearest_by_active(active)
+
+    def nearest_by_active(self, active_params: int) -> str:
+        """The sheet model (with a catalogued card) whose active parameter count is nearest
+        ``active_params`` in ratio (the default model when none has a card)."""
+        known = [(abs(math.log(MODEL_CARDS[m].active_params / max(active_params, 1))), m)
+                 for m in sorted(self.sheet.prices) if m in MODEL_CARDS]
+        return min(known)[1] if known else self.config.default_model
 
     def summarize(self, run_id: str | None, rows: Iterable[tuple[UsageKey, UsageCounts]]
                   ) -> UsageSummary:

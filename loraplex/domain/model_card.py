@@ -245,24 +245,30 @@ class ModelCard:
                     unembed: bool = True) -> float:
         """Adapter parameters of a rank-``rank`` LoRA on the chosen targets.
 
-        Routers are never adapted. Each routed expert gets its own adapter of rank
-        ``rank / top_k`` ("LoRA Without Regret", Thinking Machines 2025), so the experts a
-        token passes add up to one rank-``rank`` adapter of a dense MLP.
+        Routers are never adapted. Routed experts are adapted as Tinker does it (the cookbook's
+        ``hyperparam_utils.get_lora_param_count``): every expert at the full rank, the factor
+        on the hidden dimension shared by a layer's experts, the other one per expert, so an
+        expert projection of a layer holds ``r·(hidden + E·f)``.
         """
-        return sum(self._expert_rank(g, rank) * (g.d_in + g.d_out) * g.num_total
+        return sum(self._lora_width(g, g.num_total) * rank
                    for g in self._lora_targets(attn, mlp, unembed))
 
     def lora_rank_widths(self, rank: int, *, attn: bool = True, mlp: bool = True,
                          unembed: bool = True) -> float:
-        """``Σ r·(d_in + d_out)`` over the adapted matrices one token passes through; one
+        """``Σ r·(d_in + d_out)`` over the adapted matrices one token passes through (a
+        shared expert factor once per layer, the per-expert one per routed expert); one
         pass (forward, or one kind of gradient) through them costs twice that in FLOPs."""
-        return sum(self._expert_rank(g, rank) * (g.d_in + g.d_out) * g.num_active
+        return sum(self._lora_width(g, g.num_active) * rank
                    for g in self._lora_targets(attn, mlp, unembed))
 
-    def _expert_rank(self, group: LinearGroup, rank: int) -> float:
-        if group.kind == "expert" and self.moe is not None:
-            return rank / self.moe.top_k
-        return float(rank)
+    def _lora_width(self, group: LinearGroup, count: int) -> float:
+        """``Σ (d_in + d_out)`` of ``count`` matrices of ``group``; an expert group's hidden
+        side counts once per layer (Tinker's shared outer factor)."""
+        if group.kind != "expert" or self.moe is None:
+            return float((group.d_in + group.d_out) * count)
+        layers = group.num_total // self.moe.num_experts
+        inner = group.d_out if group.d_in == self.hidden_size else group.d_in
+        return float(self.hidden_size * layers + inner * count)
 
     def _lora_targets(self, attn: bool, mlp: bool, unembed: bool) -> tuple[LinearGroup, ...]:
         wanted = {"attn": attn, "mlp": mlp, "expert": mlp, "unembed": unembed, "router": False}

@@ -65,10 +65,17 @@ class LoadedAdapter:
 
 
 def base_model_fields(spec: ModelSpec) -> dict[str, Any]:
-    """The base-model shape an adapter depends on (refused on load when it differs)."""
-    return {"arch": spec.arch, "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
-            "q_size": spec.q_size, "kv_size": spec.kv_size,
-            "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size}
+    """The base-model shape an adapter depends on (refused on load when it differs; a
+    mixture-of-experts model adds its experts' numbers and sparse layers)."""
+    out: dict[str, Any] = {
+        "arch": spec.arch, "num_layers": spec.num_layers, "hidden_size": spec.hidden_size,
+        "q_size": spec.q_size, "kv_size": spec.kv_size,
+        "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size}
+    if spec.experts is not None:
+        e = spec.experts
+        out.update(num_experts=e.num_experts, expert_intermediate_size=e.expert_intermediate_size,
+                   sparse_layers=list(e.sparse_layers))
+    return out
 
 
 def save_checkpoint(directory: str, adapter: LoraAdapter, spec: ModelSpec,
@@ -181,11 +188,11 @@ def adapter_from_tensors(spec: ModelSpec, config: LoraConfig,
                          tensors: Mapping[str, torch.Tensor], trainable: bool) -> LoraAdapter:
     """An adapter whose leaves are ``tensors`` (checked against the config's shapes)."""
     weights, expected = {}, set()
-    for target in targets_of(config):
+    for target in targets_of(config, spec):
         shape = target_shape(spec, target)
         pair = []
-        for which, dims in (("lora_A", (shape.num_layers, config.rank, shape.d_in)),
-                            ("lora_B", (shape.num_layers, shape.d_out, config.rank))):
+        for which, dims in (("lora_A", shape.a_shape(config.rank)),
+                            ("lora_B", shape.b_shape(config.rank))):
             name = f"{target}.{which}"
             expected.add(name)
             t = tensors.get(name)
@@ -194,7 +201,7 @@ def adapter_from_tensors(spec: ModelSpec, config: LoraConfig,
                 raise user_error(f"adapter_weights.{name}", f"{got}, expected float32 "
                                  f"{list(dims)}")
             pair.append(t.requires_grad_(trainable))
-        weights[target] = LoraWeights(pair[0], pair[1])
+        weights[target] = LoraWeights(pair[0], pair[1], shape.layers)
     unexpected = sorted(set(tensors) - expected)
     if unexpected:
         raise user_error(f"adapter_weights.{unexpected[0]}", "not a tensor of this adapter")

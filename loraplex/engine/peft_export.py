@@ -23,6 +23,7 @@ from typing import Any
 
 from loraplex.engine.checkpoint_io import write_json, write_safetensors
 from loraplex.engine.lora.adapter import LoraAdapter
+from loraplex.engine.lora.experts import EXPERT_TARGETS
 from loraplex.engine.lora.targets import UNEMBED
 from loraplex.engine.model.weights import hf_module_path
 
@@ -35,7 +36,10 @@ HF_HEAD_MODULE = "lm_head"
 
 
 def target_module_name(target: str) -> str:
-    """The HF module name PEFT matches in ``target_modules`` (``lm_head`` for the head)."""
+    """The HF module name PEFT matches in ``target_modules`` (``lm_head`` for the head; an
+    expert target keeps Tinker's name, ``w1``/``w2``/``w3``, as its 3-D tensors' keys do)."""
+    if target in EXPERT_TARGETS:
+        return target
     return HF_HEAD_MODULE if target == UNEMBED else hf_module_path(0, target).rsplit(".", 1)[-1]
 
 

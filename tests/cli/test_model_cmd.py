@@ -38,3 +38,22 @@ def test_registering_the_command_does_not_import_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_create_tiny_moe_and_the_builtin_sources(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from loraplex.cli.model_sources import builtin_dir, resolve_source
+    from loraplex.errors import UserError
+
+    target = tmp_path / "tiny-moe"
+    assert main(["model", "create-tiny", str(target), "--arch", "qwen3_moe"]) == 0
+    assert "tiny qwen3_moe model" in capsys.readouterr().out
+    assert main(["model", "info", str(target)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["arch"] == "qwen3_moe" and info["card"]["moe"]["num_experts"] == 8
+    assert info["card"]["moe"]["top_k"] == 2
+    data = str(tmp_path / "data")
+    for name in ("tiny-moe", "small-moe"):
+        assert resolve_source(f"builtin:{name}", data, create=False) == builtin_dir(data, name)
+    with pytest.raises(UserError, match="builtin:tiny-moe"):
+        resolve_source("builtin:huge-moe", data, create=False)

@@ -134,3 +134,18 @@ def test_engine_cache_hits_flow_from_the_scheduler_to_the_bill(stores: Stores) -
     assert bills["per_rollout"].prefill_usd == pytest.approx(40 * 0.13 / 1e6)
     assert bills["cache_aware"].prefill_usd == pytest.approx((40 - shared) * 0.13 / 1e6)
     assert bills["cache_aware"].cached_prefill_usd == pytest.approx(shared * 0.13 * 0.2 / 1e6)
+
+
+def test_an_unlisted_moe_is_priced_by_its_active_parameters() -> None:
+    """A MoE the sheet does not list takes the rates of the sheet model nearest in active
+    parameters (3.3B of 30.5B active → Qwen3-30B-A3B, cheaper than the dense 8B default);
+    a dense unknown name still gets the default."""
+    biller = Biller(MeteringConfig(), {"local/moe-a3b": 3_300_000_000,
+                                       "local/moe-a5b": 5_500_000_000})
+    assert biller.sheet_model("local/moe-a3b") == "Qwen/Qwen3-30B-A3B"
+    assert biller.sheet_model("local/moe-a5b") == "openai/gpt-oss-120b"  # 5.7B active
+    assert biller.sheet_model("local/dense") == "Qwen/Qwen3-8B"
+    assert biller.sheet_model("Qwen/Qwen3-30B-A3B") == "Qwen/Qwen3-30B-A3B"
+    rows = [(key("ForwardBackward", model="local/moe-a3b"), COUNTS)]
+    bill = biller.summarize("s:train:0", rows).bills["per_rollout"]
+    assert bill.train_usd == pytest.approx(200 * 0.36 / 1e6)  # Qwen3-30B-A3B's train rate

@@ -27,7 +27,8 @@ async def usage(request: Request, tenant: Tenant, since: float | None = None
                 ) -> dict[str, Any]:
     ctx = ctx_of(request)
     since = convert.unix_time(since, "since")
-    biller = Biller(ctx.config.metering)
+    biller = Biller(ctx.config.metering, {m.name: m.info.card.active_params
+                                          for m in ctx.catalog if m.info.card.moe is not None})
     await asyncio.to_thread(metering.flush, ctx)
     rows = await asyncio.to_thread(ctx.stores.usage.rows, tenant, since)
     found = biller.tenants(rows)

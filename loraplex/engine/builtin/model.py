@@ -21,11 +21,14 @@ from loraplex.engine.builtin.tokenizer import (
     token_id,
 )
 from loraplex.engine.model.checkpoint import save_weights
-from loraplex.engine.model.spec import CLASS_OF_ARCH, ModelSpec, RopeSpec
+from loraplex.engine.model.moe_spec import ExpertSpec
+from loraplex.engine.model.spec import ARCH_OF_MODEL_TYPE, CLASS_OF_ARCH, ModelSpec, RopeSpec
 from loraplex.engine.model.weights import random_weights
 from loraplex.errors import user_error
 
-ARCHES = ("qwen3", "llama")
+ARCHES = ("qwen3", "llama", "qwen3_moe")
+#: The tokenizer family of each arch (Qwen3-MoE models use the Qwen3 tokenizer).
+TOKENIZER_FAMILY = {"qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3"}
 
 
 @dataclass(frozen=True)
@@ -46,40 +49,52 @@ class BuiltinSize:
 SIZES = {
     # ≤ 1M parameters: unit and integration tests.
     "tiny": BuiltinSize(vocab_size=1024, hidden_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=32, intermediate_size={"qwen3": 384, "llama": 384},
+                        num_kv_heads=2, head_dim=32,
+                        intermediate_size={"qwen3": 384, "llama": 384, "qwen3_moe": 384},
                         corpus_chars=60_000),
     # ≈ 20M parameters, 4 layers, hidden 512, vocab 8k: benchmarks.
     "small": BuiltinSize(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8,
                          num_kv_heads=4, head_dim=64,
-                         intermediate_size={"qwen3": 2048, "llama": 1536},
+                         intermediate_size={"qwen3": 2048, "llama": 1536, "qwen3_moe": 2048},
                          corpus_chars=1_500_000),
 }
-#: Qwen3 ≤ 4B ties its embeddings; Llama 3.1 8B does not: the two built-ins cover both.
-TIED = {"qwen3": True, "llama": False}
+#: Qwen3 ≤ 4B ties its embeddings; Llama 3.1 8B does not: the two built-ins cover both
+#: (Qwen3-30B-A3B does not either).
+TIED = {"qwen3": True, "llama": False, "qwen3_moe": False}
+#: The built-in Qwen3-MoE models: 8 experts, top-2, every layer sparse (as in Qwen3-30B-A3B).
+#: ``tiny`` ≈ 0.95M parameters (0.51M active); ``small`` ≈ 37M (18M active) for benchmarks.
+MOE_EXPERTS = {
+    "tiny": ExpertSpec(num_experts=8, top_k=2, expert_intermediate_size=96, norm_topk_prob=True,
+                       sparse_layers=(0, 1)),
+    "small": ExpertSpec(num_experts=8, top_k=2, expert_intermediate_size=512,
+                        norm_topk_prob=True, sparse_layers=(0, 1, 2, 3)),
+}
 
 
 def builtin_spec(arch: str, size: str) -> ModelSpec:
     """The spec a built-in model will have (eos ids aside), without creating it."""
     s = SIZES[size]
-    rope = (RopeSpec(1e6) if arch == "qwen3" else
+    qwen = arch != "llama"
+    rope = (RopeSpec(1e6) if qwen else
             RopeSpec(5e5, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                      original_max_position=2048))
-    return ModelSpec(arch="qwen3" if arch == "qwen3" else "llama", vocab_size=s.vocab_size,
+    return ModelSpec(arch=ARCH_OF_MODEL_TYPE[arch], vocab_size=s.vocab_size,
                      hidden_size=s.hidden_size, intermediate_size=s.intermediate_size[arch],
                      num_layers=s.num_layers, num_heads=s.num_heads,
                      num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                     rms_norm_eps=1e-6 if arch == "qwen3" else 1e-5, rope=rope,
+                     rms_norm_eps=1e-6 if qwen else 1e-5, rope=rope,
                      tie_word_embeddings=TIED[arch],
-                     max_position_embeddings=s.max_position_embeddings)
+                     max_position_embeddings=s.max_position_embeddings,
+                     experts=MOE_EXPERTS[size] if arch == "qwen3_moe" else None)
 
 
 def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
     """The transformers config object of a built-in (its ``save_pretrained`` writes
     config.json), numbers from `builtin_spec`, token ids from the tokenizer."""
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     spec = builtin_spec(arch, size)
-    fam = FAMILIES[arch]
+    fam = FAMILIES[TOKENIZER_FAMILY[arch]]
     rope: dict[str, Any] = {"rope_type": spec.rope.kind, "rope_theta": spec.rope.theta}
     if spec.rope.kind == "llama3":
         rope.update(factor=spec.rope.factor, low_freq_factor=spec.rope.low_freq_factor,
@@ -96,7 +111,14 @@ def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
         eos_token_id=token_id(tokenizer, fam.eos),
         pad_token_id=token_id(tokenizer, fam.pad) if fam.pad else None,
     )
-    config = Qwen3Config(**kwargs) if arch == "qwen3" else LlamaConfig(**kwargs)
+    if spec.experts is not None:
+        e = spec.experts
+        config: Any = Qwen3MoeConfig(
+            **kwargs, num_experts=e.num_experts, num_experts_per_tok=e.top_k,
+            moe_intermediate_size=e.expert_intermediate_size, norm_topk_prob=e.norm_topk_prob,
+            decoder_sparse_step=1, mlp_only_layers=[])
+    else:
+        config = Qwen3Config(**kwargs) if arch == "qwen3" else LlamaConfig(**kwargs)
     config.architectures = [CLASS_OF_ARCH[spec.arch]]
     return config
 
@@ -122,13 +144,15 @@ def create_builtin_model(directory: str | Path, arch: str = "qwen3", size: str =
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        tokenizer = build_tokenizer(arch, SIZES[size].vocab_size, seed, SIZES[size].corpus_chars)
+        tokenizer = build_tokenizer(TOKENIZER_FAMILY[arch], SIZES[size].vocab_size, seed,
+                                    SIZES[size].corpus_chars)
         save_tokenizer(tokenizer, staging)
         config = hf_config(arch, size, tokenizer)
         config.save_pretrained(str(staging))
         GenerationConfig(
             bos_token_id=config.bos_token_id, pad_token_id=config.pad_token_id,
-            eos_token_id=[token_id(tokenizer, t) for t in FAMILIES[arch].generation_eos],
+            eos_token_id=[token_id(tokenizer, t)
+                          for t in FAMILIES[TOKENIZER_FAMILY[arch]].generation_eos],
         ).save_pretrained(str(staging))
         spec = ModelSpec.from_dir(staging)
         save_weights(staging, spec, random_weights(spec, seed))

@@ -1,9 +1,10 @@
 """`LoraAdapter`: one adapter's trainable tensors at their exact rank, plus naming and init.
 
 Per target one leaf pair ``a_L_Rk_I`` (``[layers, rank, d_in]``) and ``b_L_O_Rk``
-(``[layers, d_out, rank]``), fp32, ``requires_grad``; gradients accumulate in their ``.grad``
-until the optimizer frees them. ``named_parameters`` is the stable order the optimizer and
-checkpoint IO use; ``peft_state_dict`` splits layers into PEFT keys
+(``[layers, d_out, rank]``), fp32, ``requires_grad`` (an expert target's carry an expert axis
+after the layers: ``[layers, 1 or E, rank, d_in]``, `engine.lora.experts`); gradients
+accumulate in their ``.grad`` until the optimizer frees them. ``named_parameters`` is the
+stable order the optimizer and checkpoint IO use; ``peft_state_dict`` splits layers into PEFT keys
 (``base_model.model.<module>.lora_A.weight`` of shape ``(r, d_in)``, ``lora_B`` ``(d_out, r)``).
 """
 
@@ -23,10 +24,15 @@ from loraplex.errors import user_error
 
 @dataclass
 class LoraWeights:
-    """One target across all its layers."""
+    """One target across all its layers (``layers``: the model layer of each; empty: 0, 1,
+    ... as for every target of a dense model)."""
 
     a_L_Rk_I: torch.Tensor
     b_L_O_Rk: torch.Tensor
+    layers: tuple[int, ...] = ()
+
+    def model_layer(self, index: int) -> int:
+        return self.layers[index] if self.layers else index
 
 
 @dataclass
@@ -48,15 +54,15 @@ class LoraAdapter:
         seed = config.seed if config.seed is not None else secrets.randbits(63)
         gen = torch.Generator().manual_seed(seed)
         weights = {}
-        for target in targets_of(config):
+        for target in targets_of(config, spec):
             shape = target_shape(spec, target)
             bound = 1.0 / shape.d_in ** 0.5
-            a = torch.empty(shape.num_layers, config.rank, shape.d_in)
+            a = torch.empty(shape.a_shape(config.rank))
             a.uniform_(-bound, bound, generator=gen)  # in place: no temporaries left behind
             weights[target] = LoraWeights(
                 a.to(device).requires_grad_(),
-                torch.zeros(shape.num_layers, shape.d_out, config.rank,
-                            device=device).requires_grad_(),
+                torch.zeros(shape.b_shape(config.rank), device=device).requires_grad_(),
+                shape.layers,
             )
         return LoraAdapter(config, weights)
 
@@ -112,7 +118,7 @@ class LoraAdapter:
 
     def with_parameters(self, leaves: list[torch.Tensor]) -> LoraAdapter:
         """A new adapter of this config whose leaves are ``leaves`` (this one is unchanged)."""
-        other = LoraAdapter(self.config, {t: LoraWeights(w.a_L_Rk_I, w.b_L_O_Rk)
+        other = LoraAdapter(self.config, {t: LoraWeights(w.a_L_Rk_I, w.b_L_O_Rk, w.layers)
                                           for t, w in self.weights.items()})
         other.set_parameters(leaves)
         return other
@@ -125,17 +131,19 @@ class LoraAdapter:
     def frozen_copy(self) -> LoraAdapter:
         """A detached copy (no grad): a sampler version that later training cannot change."""
         return LoraAdapter(self.config, {
-            t: LoraWeights(w.a_L_Rk_I.detach().clone(), w.b_L_O_Rk.detach().clone())
+            t: LoraWeights(w.a_L_Rk_I.detach().clone(), w.b_L_O_Rk.detach().clone(), w.layers)
             for t, w in self.weights.items()
         })
 
     def peft_state_dict(self) -> dict[str, torch.Tensor]:
-        """PEFT-named per-layer tensors (fresh, contiguous CPU copies)."""
+        """PEFT-named per-layer tensors (fresh, contiguous CPU copies; an expert target's are
+        3-D, ``(1 or E, r, d_in)`` and ``(E or 1, d_out, r)``, as Tinker exports them)."""
         state = {}
         for target, w in self.weights.items():
-            for layer in range(w.a_L_Rk_I.shape[0]):
-                state[peft_key(target, layer, "A")] = w.a_L_Rk_I[layer].detach().cpu().clone()
-                state[peft_key(target, layer, "B")] = w.b_L_O_Rk[layer].detach().cpu().clone()
+            for i in range(w.a_L_Rk_I.shape[0]):
+                layer = w.model_layer(i)
+                state[peft_key(target, layer, "A")] = w.a_L_Rk_I[i].detach().cpu().clone()
+                state[peft_key(target, layer, "B")] = w.b_L_O_Rk[i].detach().cpu().clone()
         return state
 
     def load_peft_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -146,9 +154,9 @@ class LoraAdapter:
         """
         with torch.no_grad():
             for target, w in self.weights.items():
-                for layer in range(w.a_L_Rk_I.shape[0]):
-                    for which, dst in (("A", w.a_L_Rk_I[layer]), ("B", w.b_L_O_Rk[layer])):
-                        key = peft_key(target, layer, which)
+                for i in range(w.a_L_Rk_I.shape[0]):
+                    for which, dst in (("A", w.a_L_Rk_I[i]), ("B", w.b_L_O_Rk[i])):
+                        key = peft_key(target, w.model_layer(i), which)
                         if key not in state:
                             raise user_error("adapter_weights", f"missing {key}")
                         src = state[key]

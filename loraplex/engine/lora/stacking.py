@@ -5,6 +5,10 @@ batch-invariant mode ``Rk`` is rounded up to a multiple of 16, because MKL's sge
 rank-r column change when the total output width is below 16 but not above it. An adapter that
 does not train a target present in the batch contributes exact zeros there. Stacking is
 differentiable: gradients reach each adapter's own leaves through ``torch.stack``.
+
+An expert target's per-adapter ``[L, 1 or E, r, d]`` tensors stack to ``[L, 1·S or E·S, Rk, d]``
+(`StackedTarget`): expert-major, so a shared factor is indexed by segment and a per-expert one
+by ``expert · S + segment``, the order of the MoE layer's (expert × adapter) segments.
 """
 
 from __future__ import annotations
@@ -64,12 +68,19 @@ def _stack_targets(spec: ModelSpec, adapters: Sequence[LoraAdapter], rank_multip
         for adapter in adapters:
             w = adapter.weights.get(target)
             if w is None:
-                a_parts.append(torch.zeros(shape.num_layers, rank, shape.d_in, device=device))
-                b_parts.append(torch.zeros(shape.num_layers, shape.d_out, rank, device=device))
+                a_parts.append(torch.zeros(shape.a_shape(rank), device=device))
+                b_parts.append(torch.zeros(shape.b_shape(rank), device=device))
                 continue
             pad = rank - adapter.rank
             a_parts.append(F.pad(w.a_L_Rk_I, (0, 0, 0, pad)))
             b_parts.append(F.pad(w.b_L_O_Rk, (0, pad)))
-        targets[target] = StackedTarget(torch.stack(a_parts, dim=1).to(dtype),
-                                        torch.stack(b_parts, dim=1).to(dtype))
+        targets[target] = StackedTarget(_stack(a_parts, shape.is_expert).to(dtype),
+                                        _stack(b_parts, shape.is_expert).to(dtype))
     return targets
+
+
+def _stack(parts: list[torch.Tensor], is_expert: bool) -> torch.Tensor:
+    """Per-adapter ``[L, ...]`` → ``[L, S, ...]``; expert ``[L, E, ...]`` → ``[L, E·S, ...]``."""
+    if not is_expert:
+        return torch.stack(parts, dim=1)
+    return torch.stack(parts, dim=2).flatten(1, 2)

@@ -2,6 +2,9 @@
 
 Targets are the seven linears of every decoder block plus the output head (``unembed``,
 exported as ``base_model.model.model.unembed_tokens`` per the Tinker cookbook's convention).
+In a mixture-of-experts model ``train_mlp`` adapts every expert instead of the dense MLP (the
+three expert targets ``w1``/``w3``/``w2``, Tinker's names for gate/up/down, whose shapes are in
+`engine.lora.experts`), and the dense MLP of the layers that keep one.
 """
 
 from __future__ import annotations
@@ -9,45 +12,83 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.lora.experts import EXPERT_TARGETS, expert_dims, expert_module_path
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import hf_module_path
 
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = "unembed"
-ALL_TARGETS = (*ATTN_TARGETS, *MLP_TARGETS, UNEMBED)
+ALL_TARGETS = (*ATTN_TARGETS, *MLP_TARGETS, *EXPERT_TARGETS, UNEMBED)
 UNEMBED_MODULE_PATH = "model.unembed_tokens"
 PEFT_PREFIX = "base_model.model."
 
 
 @dataclass(frozen=True)
 class TargetShape:
-    """One target's LoRA shape: ``num_layers`` copies of ``A (r, d_in)`` and ``B (d_out, r)``."""
+    """One target's LoRA shape: ``num_layers`` copies of ``A (r, d_in)`` and ``B (d_out, r)``.
+
+    Attributes:
+        layers: the model layer of each copy.
+        a_experts, b_experts: an expert target's ``A``/``B`` carry an expert axis of this
+            length (``1``: one factor shared by every expert); 0 for the other targets.
+    """
 
     num_layers: int
     d_in: int
     d_out: int
+    layers: tuple[int, ...] = ()
+    a_experts: int = 0
+    b_experts: int = 0
+
+    @property
+    def is_expert(self) -> bool:
+        return self.a_experts > 0
+
+    def a_shape(self, rank: int) -> tuple[int, ...]:
+        """``[layers, rank, d_in]``, or ``[layers, a_experts, rank, d_in]``."""
+        experts = (self.a_experts,) if self.is_expert else ()
+        return (self.num_layers, *experts, rank, self.d_in)
+
+    def b_shape(self, rank: int) -> tuple[int, ...]:
+        """``[layers, d_out, rank]``, or ``[layers, b_experts, d_out, rank]``."""
+        experts = (self.b_experts,) if self.is_expert else ()
+        return (self.num_layers, *experts, self.d_out, rank)
 
 
-def targets_of(config: LoraConfig) -> tuple[str, ...]:
-    """The targets a config trains, in canonical order."""
-    chosen = (ATTN_TARGETS if config.train_attn else ()) + (
-        MLP_TARGETS if config.train_mlp else ()) + ((UNEMBED,) if config.train_unembed else ())
+def targets_of(config: LoraConfig, spec: ModelSpec | None = None) -> tuple[str, ...]:
+    """The targets a config trains on ``spec``'s model, in canonical order (without a spec:
+    a dense model's)."""
+    mlp: tuple[str, ...] = ()
+    if config.train_mlp:
+        sparse = spec is not None and spec.experts is not None
+        dense = spec is None or bool(spec.dense_mlp_layers)
+        mlp = (MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
+    chosen = (ATTN_TARGETS if config.train_attn else ()) + mlp + (
+        (UNEMBED,) if config.train_unembed else ())
     return tuple(t for t in ALL_TARGETS if t in chosen)
 
 
 def target_shape(spec: ModelSpec, target: str) -> TargetShape:
+    if target in EXPERT_TARGETS:
+        dims = expert_dims(spec, target)
+        return TargetShape(len(dims.layers), dims.d_in, dims.d_out, dims.layers,
+                           dims.a_experts, dims.b_experts)
     d, q, kv, ff = spec.hidden_size, spec.q_size, spec.kv_size, spec.intermediate_size
     d_in, d_out = {
         "q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
         "gate_proj": (d, ff), "up_proj": (d, ff), "down_proj": (ff, d),
         UNEMBED: (d, spec.vocab_size),
     }[target]
-    return TargetShape(1 if target == UNEMBED else spec.num_layers, d_in, d_out)
+    layers = ((0,) if target == UNEMBED else spec.dense_mlp_layers if target in MLP_TARGETS
+              else tuple(range(spec.num_layers)))
+    return TargetShape(len(layers), d_in, d_out, layers)
 
 
 def module_path(target: str, layer: int) -> str:
     """HF module path of a target in one layer (``model.unembed_tokens`` for the head)."""
+    if target in EXPERT_TARGETS:
+        return expert_module_path(target, layer)
     return UNEMBED_MODULE_PATH if target == UNEMBED else hf_module_path(layer, target)
 
 

@@ -16,7 +16,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.model.weights import BaseWeights, expected_names, from_hf_state
+from loraplex.engine.model.weights import (
+    BaseWeights,
+    expected_names,
+    from_hf_state,
+    fused_expert_layers,
+)
 from loraplex.errors import user_error
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,10 +53,15 @@ def load_weights(
         UserError: missing/unexpected tensor names or wrong shapes (the message names them).
     """
     model_dir = Path(model_dir)
-    wanted = expected_names(spec)
+    shards = shard_files(model_dir)
+    names: set[str] = set()
+    for path in shards:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            names.update(f.keys())
+    wanted = expected_names(spec, fused_expert_layers(spec, names))
     tensors: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
-    for path in shard_files(model_dir):
+    for path in shards:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 if name not in wanted:
@@ -64,7 +74,10 @@ def load_weights(
     if missing or unexpected:
         raise user_error("model", f"{model_dir}: checkpoint does not match config.json "
                                   f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
-    weights = from_hf_state(spec, tensors)
+    try:
+        weights = from_hf_state(spec, tensors)
+    except ValueError as err:  # experts whose shapes do not fit together
+        raise user_error("model", f"{model_dir}: {err}") from None
     _check_shapes(spec, weights)
     return weights
 
@@ -79,14 +92,25 @@ def save_weights(model_dir: str | Path, spec: ModelSpec, weights: BaseWeights) -
 
 def _check_shapes(spec: ModelSpec, weights: BaseWeights) -> None:
     d, v = spec.hidden_size, spec.vocab_size
-    expected = {
+    expected: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
         "embed": (weights.embed, (v, d)),
         "lm_head": (weights.lm_head, (v, d)),
         "layers.0.q_proj": (weights.layers[0].q_proj, (spec.q_size, d)),
         "layers.0.k_proj": (weights.layers[0].k_proj, (spec.kv_size, d)),
-        "layers.0.down_proj": (weights.layers[0].down_proj, (d, spec.intermediate_size)),
     }
+    dense = spec.dense_mlp_layers
+    if dense:
+        expected[f"layers.{dense[0]}.down_proj"] = (weights.layers[dense[0]].down_proj,
+                                                    (d, spec.intermediate_size))
+    if spec.experts is not None and spec.experts.sparse_layers:
+        i, e = spec.experts.sparse_layers[0], spec.experts
+        experts = weights.layers[i].experts
+        assert experts is not None
+        expected[f"layers.{i}.mlp.gate"] = (experts.router_E_D, (e.num_experts, d))
+        expected[f"layers.{i}.mlp.experts.down_proj"] = (
+            experts.down_E_D_F, (e.num_experts, d, e.expert_intermediate_size))
     for name, (tensor, shape) in expected.items():
+        assert tensor is not None
         if tuple(tensor.shape) != shape:
             raise user_error("model", f"{name} has shape {tuple(tensor.shape)}, "
                                       f"config.json implies {shape}")

@@ -78,20 +78,26 @@ class LoraBatch:
     def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
                   ) -> torch.Tensor:
         """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
-        n, gather, real = self.rows.num_rows, self.rows.gather_P, self.rows.real_P
-        if gather is not None:
-            x_P_I = x_R_I.index_select(0, gather)
-        else:  # a no-op slice would still cost a full-size SliceBackward
-            x_P_I = x_R_I if n == x_R_I.shape[0] else x_R_I[:n]
-        delta_P_O = self.delta(target, layer, x_P_I)
+        delta_P_O = self.delta(target, layer, self.to_lora_rows(x_R_I))
         if delta_P_O is None:
             return y_R_O
-        delta_N_O = delta_P_O if real is None else delta_P_O.index_select(0, real)
         # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
         # zero-fill + copy in autograd's backward (CopySlices / as_strided).
-        if n < y_R_O.shape[0]:
-            delta_N_O = F.pad(delta_N_O, (0, 0, 0, y_R_O.shape[0] - n))
-        return y_R_O + delta_N_O
+        return y_R_O + self.from_lora_rows(delta_P_O, y_R_O.shape[0])
+
+    def to_lora_rows(self, x_R_I: torch.Tensor) -> torch.Tensor:
+        """Batch rows → the LoRA layout (segments padded to the row multiple)."""
+        n, gather = self.rows.num_rows, self.rows.gather_P
+        if gather is not None:
+            return x_R_I.index_select(0, gather)
+        return x_R_I if n == x_R_I.shape[0] else x_R_I[:n]  # a no-op slice costs a SliceBackward
+
+    def from_lora_rows(self, d_P_O: torch.Tensor, num_rows: int) -> torch.Tensor:
+        """The LoRA layout → ``num_rows`` batch rows (zeros on the rows of no adapter)."""
+        real = self.rows.real_P
+        d_N_O = d_P_O if real is None else d_P_O.index_select(0, real)
+        n = self.rows.num_rows
+        return F.pad(d_N_O, (0, 0, 0, num_rows - n)) if n < num_rows else d_N_O
 
 
 def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor

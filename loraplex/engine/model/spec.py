@@ -1,6 +1,7 @@
 """`ModelSpec`: the architecture numbers of a supported base model, parsed from ``config.json``.
 
-Supports the Qwen3 dense (``Qwen3ForCausalLM``) and Llama 3 (``LlamaForCausalLM``) families, in
+Supports the Qwen3 dense (``Qwen3ForCausalLM``), Qwen3 mixture-of-experts
+(``Qwen3MoeForCausalLM``, experts in `moe_spec`) and Llama 3 (``LlamaForCausalLM``) families, in
 both the transformers 4.x (``rope_theta`` + ``rope_scaling``) and 5.x (``rope_parameters``)
 config layouts. Anything this engine does not implement (biases, sliding windows, other RoPE
 types, other activations) is refused with an error naming the config key, never ignored.
@@ -15,13 +16,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loraplex.domain.model import ModelInfo
-from loraplex.domain.model_card import ModelCard
+from loraplex.domain.model_card import ModelCard, MoeSpec
+from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts
 from loraplex.errors import user_error
 
-Arch = Literal["qwen3", "llama"]
-ARCH_OF_CLASS: dict[str, Arch] = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
-ARCH_OF_MODEL_TYPE: dict[str, Arch] = {"qwen3": "qwen3", "llama": "llama"}
-CLASS_OF_ARCH: dict[Arch, str] = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+Arch = Literal["qwen3", "llama", "qwen3_moe"]
+ARCH_OF_CLASS: dict[str, Arch] = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
+                                  "Qwen3MoeForCausalLM": "qwen3_moe"}
+ARCH_OF_MODEL_TYPE: dict[str, Arch] = {"qwen3": "qwen3", "llama": "llama",
+                                       "qwen3_moe": "qwen3_moe"}
+CLASS_OF_ARCH: dict[Arch, str] = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                                  "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,9 @@ class ModelSpec:
     """Everything the transformer needs to know about a base model's shape.
 
     Attributes:
-        arch: ``qwen3`` (q_norm/k_norm on each head) or ``llama``.
-        vocab_size, hidden_size, intermediate_size, num_layers: usual meanings.
+        arch: ``qwen3`` / ``qwen3_moe`` (q_norm/k_norm on each head) or ``llama``.
+        vocab_size, hidden_size, intermediate_size, num_layers: usual meanings
+            (``intermediate_size``: the dense MLPs; a MoE model's dense-only layers).
         num_heads, num_kv_heads, head_dim: attention shape; ``num_heads % num_kv_heads == 0``.
         rms_norm_eps: epsilon of every RMSNorm.
         rope: rotary embedding parameters.
@@ -57,6 +63,7 @@ class ModelSpec:
         max_position_embeddings: the model's context limit.
         bos_token_id: beginning-of-sequence token, if any.
         eos_token_ids: tokens that end a completion (config + generation_config).
+        experts: the routed experts (mixture-of-experts models), None for dense ones.
     """
 
     arch: Arch
@@ -73,10 +80,20 @@ class ModelSpec:
     max_position_embeddings: int
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    experts: ExpertSpec | None = None
 
     @property
     def has_qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "qwen3_moe")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Layer ``layer`` routes its tokens to experts (else it has a dense MLP)."""
+        return self.experts is not None and self.experts.is_sparse(layer)
+
+    @property
+    def dense_mlp_layers(self) -> tuple[int, ...]:
+        """Layers with a dense MLP (every layer of a dense model)."""
+        return tuple(i for i in range(self.num_layers) if not self.is_sparse(i))
 
     @property
     def num_groups(self) -> int:
@@ -100,7 +117,12 @@ class ModelSpec:
         """All parameters, embeddings included (a tied head counted once)."""
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
-        return embed + head + self.num_layers * self.layer_params() + self.hidden_size
+        blocks = self.num_layers * self.layer_params()
+        if self.experts is not None:  # a sparse layer: router + experts instead of the MLP
+            moe = self.experts.layer_params(self.hidden_size) - 3 * self.hidden_size * (
+                self.intermediate_size)
+            blocks += len(self.experts.sparse_layers) * moe
+        return embed + head + blocks + self.hidden_size
 
     def model_info(self, max_context: int | None = None) -> ModelInfo:
         """The torch-free facts the rest of the system may know."""
@@ -108,12 +130,21 @@ class ModelSpec:
             name=f"{self.arch} model", num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
-            tie_word_embeddings=self.tie_word_embeddings, source="config.json")
+            tie_word_embeddings=self.tie_word_embeddings, moe=self._moe_card(),
+            source="config.json")
         return ModelInfo(
             arch=self.arch, card=card,
             max_context=min(max_context or self.max_position_embeddings,
                             self.max_position_embeddings),
             eos_token_ids=self.eos_token_ids, num_params=self.num_params())
+
+    def _moe_card(self) -> MoeSpec | None:
+        e = self.experts
+        if e is None:
+            return None
+        return MoeSpec(num_experts=e.num_experts, top_k=e.top_k,
+                       expert_intermediate_size=e.expert_intermediate_size,
+                       num_dense_layers=self.num_layers - len(e.sparse_layers))
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> ModelSpec:
@@ -143,12 +174,14 @@ class ModelSpec:
         max_pos = int(config.get("max_position_embeddings", 2048))
         eos = _eos_ids(config, generation_config or {})
         bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
+        num_layers = int(config["num_hidden_layers"])
+        experts = parse_experts(config, num_layers) if arch == "qwen3_moe" else None
         return ModelSpec(
             arch=arch,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
@@ -158,6 +191,7 @@ class ModelSpec:
             max_position_embeddings=max_pos,
             bos_token_id=int(bos) if isinstance(bos, int) else None,
             eos_token_ids=eos,
+            experts=experts,
         )
 
 

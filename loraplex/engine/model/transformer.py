@@ -1,4 +1,5 @@
-"""`Transformer`: the Qwen3 / Llama 3 decoder over packed rows, with LoRA and a paged KV cache.
+"""`Transformer`: the Qwen3 / Qwen3-MoE / Llama 3 decoder over packed rows, with LoRA and a paged
+KV cache (a mixture-of-experts layer's MLP is a `SparseMlp`, `moe`).
 
 One forward serves training (full forward over packed sequences, keys/values written to
 out-of-place scratch pages so autograd works), sampler prefill and one-token decode (keys/values
@@ -25,6 +26,8 @@ from loraplex.domain.model import ModelInfo
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
 from loraplex.engine.model.lora_batch import LoraBatch
+from loraplex.engine.model.moe import SparseMlp
+from loraplex.engine.model.moe_dispatch import TokenRows
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 from loraplex.engine.model.rope import RopeTable, apply_rope
 from loraplex.engine.model.spec import ModelSpec
@@ -64,6 +67,15 @@ class Transformer:
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
+        # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
+        self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
+        self._sparse: dict[int, SparseMlp] = {}
+        if spec.experts is not None:
+            for j, layer in enumerate(spec.experts.sparse_layers):
+                experts = weights.layers[layer].experts
+                assert experts is not None
+                self._sparse[layer] = SparseMlp(spec.experts, experts, j,
+                                                options.effective_row_multiple)
 
     def model_info(self, max_context: int | None = None) -> ModelInfo:
         """The torch-free facts the rest of the system may know (`ModelSpec.model_info`)."""
@@ -97,11 +109,17 @@ class Transformer:
             raise user_error("lora", "LoraBatch does not match the batch's adapter segments")
         x_R_D = self.weights.embed[batch.tokens_R]
         cos, sin = self.rope.lookup(batch.positions_R)
+        tokens = TokenRows.of(batch, lora) if self._sparse else None
         for i, layer in enumerate(self.weights.layers):
             h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
             x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
             h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)
-            x_R_D = x_R_D + self._mlp(i, layer, h_R_D, lora)
+            sparse = self._sparse.get(i)
+            if sparse is not None:
+                assert tokens is not None
+                x_R_D = x_R_D + sparse(h_R_D, tokens, lora)
+            else:
+                x_R_D = x_R_D + self._mlp(self._dense_index[i], layer, h_R_D, lora)
         return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
@@ -144,6 +162,9 @@ class Transformer:
 
     def _mlp(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor,
              lora: LoraBatch | None) -> torch.Tensor:
+        """A dense MLP; ``i`` is its LoRA layer index (its index among the dense layers)."""
+        assert layer.gate_proj is not None and layer.up_proj is not None
+        assert layer.down_proj is not None
         gate = _linear(h_R_D, layer.gate_proj, lora, "gate_proj", i)
         up = _linear(h_R_D, layer.up_proj, lora, "up_proj", i)
         return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)

@@ -1,17 +1,26 @@
 """`BaseWeights`: the frozen tensors of a base model, and their Hugging Face parameter names.
 
 One `LayerWeights` per decoder block. Linear weights keep the HF ``(out, in)`` layout so
-``F.linear(x, w)`` applies them. A tied model's ``lm_head`` is the embedding tensor itself
+``F.linear(x, w)`` applies them. A mixture-of-experts layer has `ExpertWeights` instead of
+the dense MLP (`expert_weights`). A tied model's ``lm_head`` is the embedding tensor itself
 (same storage). Knows nothing about files; `checkpoint` reads and writes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, fields
 
 import torch
 
+from loraplex.engine.model.expert_weights import (
+    ExpertWeights,
+    expert_named_tensors,
+    expert_names,
+    experts_from_hf,
+    fused_name,
+    random_experts,
+)
 from loraplex.engine.model.spec import ModelSpec
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -28,7 +37,8 @@ HF_NAME_OF_NORM = {
 
 @dataclass
 class LayerWeights:
-    """One decoder block. ``q_norm``/``k_norm`` exist for Qwen3 only."""
+    """One decoder block. ``q_norm``/``k_norm`` exist for Qwen3 only; a sparse layer has
+    ``experts`` and no dense MLP (``gate_proj``/``up_proj``/``down_proj`` None)."""
 
     input_norm: torch.Tensor
     q_proj: torch.Tensor
@@ -36,15 +46,28 @@ class LayerWeights:
     v_proj: torch.Tensor
     o_proj: torch.Tensor
     post_attn_norm: torch.Tensor
-    gate_proj: torch.Tensor
-    up_proj: torch.Tensor
-    down_proj: torch.Tensor
+    gate_proj: torch.Tensor | None
+    up_proj: torch.Tensor | None
+    down_proj: torch.Tensor | None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    experts: ExpertWeights | None = None
 
     def linear(self, name: str) -> torch.Tensor:
         weight: torch.Tensor = getattr(self, name)
         return weight
+
+
+#: The tensor fields of `LayerWeights` (``experts`` holds a group of its own).
+TENSOR_FIELDS = tuple(f.name for f in fields(LayerWeights) if f.name != "experts")
+MLP_FIELDS = ("gate_proj", "up_proj", "down_proj")
+
+
+def layer_fields(spec: ModelSpec, layer: int) -> tuple[str, ...]:
+    """The tensor fields one layer of ``spec`` has."""
+    skip = (() if spec.has_qk_norm else ("q_norm", "k_norm")) + (
+        MLP_FIELDS if spec.is_sparse(layer) else ())
+    return tuple(f for f in TENSOR_FIELDS if f not in skip)
 
 
 @dataclass
@@ -60,10 +83,12 @@ class BaseWeights:
         """HF state-dict names and tensors; a tied head is not listed (HF omits it too)."""
         yield "model.embed_tokens.weight", self.embed
         for i, layer in enumerate(self.layers):
-            for f in fields(LayerWeights):
-                tensor = getattr(layer, f.name)
+            for name in TENSOR_FIELDS:
+                tensor = getattr(layer, name)
                 if tensor is not None:
-                    yield f"model.layers.{i}.{_hf_suffix(f.name)}.weight", tensor
+                    yield f"model.layers.{i}.{_hf_suffix(name)}.weight", tensor
+            if layer.experts is not None:
+                yield from expert_named_tensors(i, layer.experts)
         yield "model.norm.weight", self.final_norm
         if not spec.tie_word_embeddings:
             yield "lm_head.weight", self.lm_head
@@ -77,9 +102,10 @@ class BaseWeights:
         tied = self.lm_head is self.embed
         layers = []
         for lw in self.layers:
-            values = {f.name: getattr(lw, f.name) for f in fields(LayerWeights)}
+            values = {name: getattr(lw, name) for name in TENSOR_FIELDS}
+            experts = None if lw.experts is None else lw.experts.map(move)
             layers.append(LayerWeights(**{k: None if t is None else move(t)  # type: ignore[arg-type]
-                                          for k, t in values.items()}))
+                                          for k, t in values.items()}, experts=experts))
         return BaseWeights(embed, layers, move(self.final_norm),
                            embed if tied else move(self.lm_head))
 
@@ -101,28 +127,37 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
     """
     layers = []
     for i in range(spec.num_layers):
-        values: dict[str, torch.Tensor | None] = {}
-        for f in fields(LayerWeights):
-            if f.name in ("q_norm", "k_norm") and not spec.has_qk_norm:
-                values[f.name] = None
-                continue
-            values[f.name] = tensors[f"model.layers.{i}.{_hf_suffix(f.name)}.weight"]
-        layers.append(LayerWeights(**values))  # type: ignore[arg-type]
+        present = layer_fields(spec, i)
+        values: dict[str, torch.Tensor | None] = {
+            name: tensors[f"model.layers.{i}.{_hf_suffix(name)}.weight"] if name in present
+            else None for name in TENSOR_FIELDS}
+        experts = None
+        if spec.experts is not None and spec.is_sparse(i):
+            experts = experts_from_hf(spec.experts, i, tensors)
+        layers.append(LayerWeights(**values, experts=experts))  # type: ignore[arg-type]
     embed = tensors["model.embed_tokens.weight"]
     head = embed if spec.tie_word_embeddings else tensors["lm_head.weight"]
     return BaseWeights(embed, layers, tensors["model.norm.weight"], head)
 
 
-def expected_names(spec: ModelSpec) -> set[str]:
-    """HF names a checkpoint of this spec must contain."""
+def fused_expert_layers(spec: ModelSpec, names: Collection[str]) -> tuple[int, ...]:
+    """The sparse layers whose experts ``names`` (a checkpoint's) hold in the fused layout."""
+    experts = spec.experts
+    return () if experts is None else tuple(
+        i for i in experts.sparse_layers if fused_name(i, "gate_up_proj") in names)
+
+
+def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[str]:
+    """HF names a checkpoint of this spec must contain (``fused_layers``: sparse layers whose
+    experts the checkpoint stores fused, `expert_weights`)."""
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     if not spec.tie_word_embeddings:
         names.add("lm_head.weight")
     for i in range(spec.num_layers):
-        for f in fields(LayerWeights):
-            if f.name in ("q_norm", "k_norm") and not spec.has_qk_norm:
-                continue
-            names.add(f"model.layers.{i}.{_hf_suffix(f.name)}.weight")
+        names.update(f"model.layers.{i}.{_hf_suffix(name)}.weight"
+                     for name in layer_fields(spec, i))
+        if spec.experts is not None and spec.is_sparse(i):
+            names.update(expert_names(spec.experts, i, fused=i in fused_layers))
     return names
 
 
@@ -134,22 +169,21 @@ def random_weights(spec: ModelSpec, seed: int, std: float = 0.02) -> BaseWeights
         return torch.randn(*shape, generator=gen) * std
 
     d, ff = spec.hidden_size, spec.intermediate_size
-    layers = [
-        LayerWeights(
-            input_norm=torch.ones(d),
-            q_proj=normal(spec.q_size, d),
-            k_proj=normal(spec.kv_size, d),
-            v_proj=normal(spec.kv_size, d),
-            o_proj=normal(d, spec.q_size),
-            post_attn_norm=torch.ones(d),
-            gate_proj=normal(ff, d),
-            up_proj=normal(ff, d),
-            down_proj=normal(d, ff),
+    layers = []
+    for i in range(spec.num_layers):
+        layer = LayerWeights(
+            input_norm=torch.ones(d), q_proj=normal(spec.q_size, d),
+            k_proj=normal(spec.kv_size, d), v_proj=normal(spec.kv_size, d),
+            o_proj=normal(d, spec.q_size), post_attn_norm=torch.ones(d),
+            gate_proj=None, up_proj=None, down_proj=None,
             q_norm=torch.ones(spec.head_dim) if spec.has_qk_norm else None,
-            k_norm=torch.ones(spec.head_dim) if spec.has_qk_norm else None,
-        )
-        for _ in range(spec.num_layers)
-    ]
+            k_norm=torch.ones(spec.head_dim) if spec.has_qk_norm else None)
+        if spec.experts is not None and spec.is_sparse(i):
+            layer.experts = random_experts(spec.experts, d, normal)
+        else:
+            layer.gate_proj, layer.up_proj, layer.down_proj = (
+                normal(ff, d), normal(ff, d), normal(d, ff))
+        layers.append(layer)
     embed = normal(spec.vocab_size, d)
     head = embed if spec.tie_word_embeddings else normal(spec.vocab_size, d)
     return BaseWeights(embed, layers, torch.ones(d), head)

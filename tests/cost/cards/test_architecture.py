@@ -94,11 +94,13 @@ def test_lora_sizes_dense() -> None:
     assert DENSE.lora_params(2, unembed=False, mlp=False) == 2 * 2 * 56
 
 
-def test_lora_on_experts_splits_the_rank_over_top_k() -> None:
-    # Rank 2 → each routed expert gets rank 2 / top_k = 1; widths per expert 3 · (8 + 6) = 42.
+def test_lora_on_experts_shares_the_hidden_factor_across_experts() -> None:
+    # Tinker's scheme: per expert projection of the MoE layer r·(hidden 8 + 4 experts · 6)
+    # = 32 r parameters; a token passes the shared factor once and its 2 experts' factors:
+    # r·(8 + 2 · 6) = 20 r.
     attn, dense_mlp, shared, head = 2 * 56, 72, 42, 18
-    assert MOE.lora_rank_widths(2) == 2 * (attn + dense_mlp + shared + head) + 1 * 2 * 42
-    assert MOE.lora_params(2) == 2 * (attn + dense_mlp + shared + head) + 1 * 4 * 42
+    assert MOE.lora_rank_widths(2) == 2 * (attn + dense_mlp + shared + head) + 2 * 3 * 20
+    assert MOE.lora_params(2) == 2 * (attn + dense_mlp + shared + head) + 2 * 3 * 32
 
 
 def test_invalid_cards_are_user_errors() -> None:

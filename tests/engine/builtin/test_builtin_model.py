@@ -118,3 +118,32 @@ def test_refuses_a_non_empty_directory_and_unknown_names(tmp_path: Path) -> None
         create_builtin_model(tmp_path / "a", "gpt2", "tiny")
     with pytest.raises(UserError, match="size"):
         create_builtin_model(tmp_path / "b", "qwen3", "huge")
+
+
+def test_moe_builtin_has_the_qwen3_tokenizer_and_matches_transformers(
+        tiny_moe_model_dir: Path, tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_moe_model_dir
+    tokenizer = (path / "tokenizer.json").read_bytes()
+    assert tokenizer == (tiny_model_dir / "tokenizer.json").read_bytes()
+    hf_model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    assert not any(info.values()), info
+    assert type(hf_model).__name__ == "Qwen3MoeForCausalLM"
+    model = load_model(path)
+    assert model.spec.experts is not None and model.spec.experts.num_experts == 8
+    assert model.spec.experts.top_k == 2 and model.spec.dense_mlp_layers == ()
+    ids = torch.randint(0, model.spec.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model.logits(model.forward(model.pack([SequenceInput(ids.tolist())])))[:40]
+        theirs = hf_model.eval()(ids[None]).logits[0]
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+def test_moe_sizes_match_their_budgets() -> None:
+    tiny, small = builtin_spec("qwen3_moe", "tiny"), builtin_spec("qwen3_moe", "small")
+    assert tiny.num_params() <= 1_000_000
+    assert 30e6 <= small.num_params() <= 40e6
+    info = small.model_info()
+    assert info.card.active_params < 0.55 * info.card.total_params  # 2 of 8 experts active
+    assert small.num_layers == 4 and small.hidden_size == 512 and small.vocab_size == 8192

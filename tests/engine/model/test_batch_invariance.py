@@ -34,10 +34,10 @@ ADAPTERS = {"r1": LoraConfig(rank=1, seed=1), "r8": LoraConfig(rank=8, seed=2),
 
 
 class Harness:
-    def __init__(self, invariant: bool = True) -> None:
-        self.model = Transformer(SPEC, random_weights(SPEC, seed=0, std=0.05),
+    def __init__(self, invariant: bool = True, spec: ModelSpec = SPEC) -> None:
+        self.model = Transformer(spec, random_weights(spec, seed=0, std=0.05),
                                  ComputeOptions(batch_invariant=invariant))
-        self.bank = AdapterBank(SPEC, "cpu", max_rank=64)
+        self.bank = AdapterBank(spec, "cpu", max_rank=64)
         self.previous: LoraBatch | None = None
         gen = torch.Generator().manual_seed(7)
         for name, config in ADAPTERS.items():
@@ -121,7 +121,7 @@ def test_tiny_adapter_segments_are_invariant(harness: Harness, length: int) -> N
 def decode(h: Harness, prompts: list[list[int]], continuations: list[list[int]],
            adapters: list[str | None]) -> list[torch.Tensor]:
     """Prefill all prompts in one batch, then decode the continuations in lockstep."""
-    cache = PagedKVCache.allocate(SPEC, 64, 64, h.model.device, h.model.dtype)
+    cache = PagedKVCache.allocate(h.model.spec, 64, 64, h.model.device, h.model.dtype)
     tables = [[5 * i + j for j in range(4)][::-1] for i in range(len(prompts))]
     seqs = [SequenceInput(p, a, 0, t) for p, a, t in zip(prompts, adapters, tables, strict=True)]
     first_targets = [[*p[1:], c[0]] for p, c in zip(prompts, continuations, strict=True)]
@@ -155,7 +155,8 @@ def test_suffix_after_a_prefix_cached_by_an_earlier_request_equals_one_shot(
     prefix, suffix = random_tokens(gen, 70), random_tokens(gen, 50)  # crosses a KV block
     tokens = prefix + suffix
     one_shot = harness.full(tokens, "r16")
-    cache = PagedKVCache.allocate(SPEC, 16, 64, harness.model.device, harness.model.dtype)
+    cache = PagedKVCache.allocate(harness.model.spec, 16, 64, harness.model.device,
+                                  harness.model.dtype)
     table = [9, 3]
     # An earlier request with other sequences writes the prefix's KV (cache miss)...
     others = [SequenceInput(s.tokens, s.adapter_id, 0, [10 + 3 * i, 11 + 3 * i, 12 + 3 * i])
@@ -173,7 +174,8 @@ def test_decode_over_shared_prefix_pages_equals_the_training_forward(harness: Ha
     a private copy of the partial last page, decoded in lockstep beside sequences with pages of
     their own, across two block boundaries: every logprob equals the training forward's."""
     gen = torch.Generator().manual_seed(31)
-    cache = PagedKVCache.allocate(SPEC, 32, 64, harness.model.device, harness.model.dtype)
+    cache = PagedKVCache.allocate(harness.model.spec, 32, 64, harness.model.device,
+                                  harness.model.dtype)
     prompt = random_tokens(gen, 120)  # page 0 full, page 1 partial
     prompt_lp = harness.logprobs([SequenceInput(prompt, "r8", 0, [2, 9])],
                                  [[*prompt[1:], 0]], cache)[0]

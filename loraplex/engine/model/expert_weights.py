@@ -1,0 +1,119 @@
+"""`ExpertWeights`: the frozen router and experts of one sparse (mixture-of-experts) layer.
+
+Experts are stacked so that one grouped GEMM runs them all: ``gate_up_E_2F_D`` holds each
+expert's gate and up projections one above the other (``[gate; up]``, HF ``(out, in)``
+layout), ``down_E_D_F`` its down projection. Hugging Face checkpoints (and what transformers'
+``save_pretrained`` writes) store them per expert::
+
+    model.layers.{i}.mlp.gate.weight                         (E, d)   the router
+    model.layers.{i}.mlp.experts.{e}.gate_proj.weight        (f, d)
+    model.layers.{i}.mlp.experts.{e}.up_proj.weight          (f, d)
+    model.layers.{i}.mlp.experts.{e}.down_proj.weight        (d, f)
+
+Checkpoints written from transformers' in-memory state dict (5.x fuses the experts) hold the
+stacked tensors themselves, ``model.layers.{i}.mlp.experts.gate_up_proj`` ``(E, 2f, d)``
+(``[gate; up]``) and ``...experts.down_proj`` ``(E, d, f)``; both layouts load.
+
+Knows nothing about files (`checkpoint` reads them) or routing (`moe`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.engine.model.moe_spec import ExpertSpec
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class ExpertWeights:
+    """Router ``[E, d]``, stacked ``[gate; up]`` ``[E, 2f, d]`` and down ``[E, d, f]``."""
+
+    router_E_D: torch.Tensor
+    gate_up_E_2F_D: torch.Tensor
+    down_E_D_F: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.router_E_D.shape[0]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
+        return ExpertWeights(fn(self.router_E_D), fn(self.gate_up_E_2F_D), fn(self.down_E_D_F))
+
+
+def router_name(layer: int) -> str:
+    return f"model.layers.{layer}.mlp.gate.weight"
+
+
+def expert_name(layer: int, expert: int, projection: str) -> str:
+    return f"model.layers.{layer}.mlp.experts.{expert}.{projection}.weight"
+
+
+def fused_name(layer: int, tensor: str) -> str:
+    """``model.layers.{layer}.mlp.experts.gate_up_proj`` / ``.down_proj`` (fused layout)."""
+    return f"model.layers.{layer}.mlp.experts.{tensor}"
+
+
+def expert_names(experts: ExpertSpec, layer: int, fused: bool = False) -> list[str]:
+    """HF names of one sparse layer's router and experts (per expert, or fused)."""
+    if fused:
+        return [router_name(layer), fused_name(layer, "gate_up_proj"),
+                fused_name(layer, "down_proj")]
+    return [router_name(layer), *(expert_name(layer, e, p) for e in range(experts.num_experts)
+                                  for p in PROJECTIONS)]
+
+
+def experts_from_hf(experts: ExpertSpec, layer: int,
+                    tensors: MutableMapping[str, torch.Tensor]) -> ExpertWeights:
+    """Stack one layer's per-expert tensors, removing them from ``tensors`` as it goes (so a
+    checkpoint's experts exist twice for one layer at most).
+
+    Raises:
+        KeyError: a tensor is missing (the caller turns it into a user error).
+        ValueError: gate, up and down shapes do not fit together.
+    """
+    if fused_name(layer, "gate_up_proj") in tensors:
+        return _fused_from_hf(experts, layer, tensors)
+    gate_up, down = [], []
+    for e in range(experts.num_experts):
+        gate, up, d = (tensors.pop(expert_name(layer, e, p)) for p in PROJECTIONS)
+        if gate.shape != up.shape or d.shape != gate.shape[::-1]:
+            raise ValueError(f"layer {layer} expert {e}: gate {tuple(gate.shape)}, up "
+                             f"{tuple(up.shape)}, down {tuple(d.shape)} do not fit")
+        gate_up.append(torch.cat([gate, up]))
+        down.append(d)
+    return ExpertWeights(tensors.pop(router_name(layer)), torch.stack(gate_up),
+                         torch.stack(down))
+
+
+def _fused_from_hf(experts: ExpertSpec, layer: int,
+                   tensors: MutableMapping[str, torch.Tensor]) -> ExpertWeights:
+    gate_up = tensors.pop(fused_name(layer, "gate_up_proj"))
+    down = tensors.pop(fused_name(layer, "down_proj"))
+    e, f = experts.num_experts, experts.expert_intermediate_size
+    if gate_up.dim() != 3 or gate_up.shape[:2] != (e, 2 * f) or down.shape != (
+            e, gate_up.shape[2], f):
+        raise ValueError(f"layer {layer}: fused gate_up_proj {tuple(gate_up.shape)}, down_proj "
+                         f"{tuple(down.shape)} do not fit {e} experts of width {f}")
+    return ExpertWeights(tensors.pop(router_name(layer)), gate_up, down)
+
+
+def expert_named_tensors(layer: int, weights: ExpertWeights) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF names and (views of) the tensors, as `expert_names` lists them."""
+    f = weights.down_E_D_F.shape[2]
+    yield router_name(layer), weights.router_E_D
+    for e in range(weights.num_experts):
+        yield expert_name(layer, e, "gate_proj"), weights.gate_up_E_2F_D[e, :f]
+        yield expert_name(layer, e, "up_proj"), weights.gate_up_E_2F_D[e, f:]
+        yield expert_name(layer, e, "down_proj"), weights.down_E_D_F[e]
+
+
+def random_experts(experts: ExpertSpec, hidden_size: int,
+                   normal: Callable[..., torch.Tensor]) -> ExpertWeights:
+    """Seeded random router and experts (``normal(*shape)`` draws), for the built-ins."""
+    e, d, f = experts.num_experts, hidden_size, experts.expert_intermediate_size
+    return ExpertWeights(normal(e, d), normal(e, 2 * f, d), normal(e, d, f))
