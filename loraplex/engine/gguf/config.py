@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.gguf_weights import architecture, field_value
 from loraplex.engine.model.spec import ARCH_OF_MODEL_TYPE, CLASS_OF_ARCH
 from loraplex.errors import user_error
@@ -20,7 +21,7 @@ DEFAULT_ROPE_THETA = {"llama": 10_000.0, "qwen3": 1_000_000.0}
 REFUSED_KEYS = ("expert_count", "attention.sliding_window", "attention.q_lora_rank")
 
 
-def hf_config_dict(reader: Any, path: str | Path) -> dict[str, Any]:
+def hf_config_dict(reader: GGUFIndex, path: str | Path) -> dict[str, Any]:
     """Keyword arguments of ``LlamaConfig`` / ``Qwen3Config`` for this file.
 
     Raises:
@@ -73,7 +74,7 @@ def hf_config_dict(reader: Any, path: str | Path) -> dict[str, Any]:
     }
 
 
-def hf_config(reader: Any, path: str | Path) -> Any:
+def hf_config(reader: GGUFIndex, path: str | Path) -> Any:
     """The transformers config object (its ``save_pretrained`` writes config.json)."""
     from transformers import LlamaConfig, Qwen3Config
 
@@ -84,7 +85,7 @@ def hf_config(reader: Any, path: str | Path) -> Any:
     return config
 
 
-def generation_eos_ids(reader: Any) -> list[int]:
+def generation_eos_ids(reader: GGUFIndex) -> list[int]:
     """End-of-generation tokens: ``eos`` then ``eot`` (chat models' end of turn), deduplicated."""
     ids: list[int] = []
     for role in ("eos", "eot", "eom"):

@@ -77,6 +77,7 @@ def _write(gguf_path: Path, target: Path, dtype: torch.dtype | None) -> Path:
                          eos_token_id=generation_eos_ids(reader)).save_pretrained(str(staging))
         save_tokenizer(gguf_tokenizer(gguf_path, reader), staging)
         spec = ModelSpec.from_dir(staging)
+        _drop_tokens_past_vocab(staging, spec.vocab_size)
         if dtype is None:
             (staging / POINTER_FILE).write_text(json.dumps(_stat_record(gguf_path)) + "\n")
         else:
@@ -87,3 +88,14 @@ def _write(gguf_path: Path, target: Path, dtype: torch.dtype | None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _drop_tokens_past_vocab(directory: Path, vocab_size: int) -> None:
+    """Remove added tokens with ids the model has no rows for: transformers' GPT-2 tokenizer
+    class appends its default ``<|endoftext|>`` when the vocabulary lacks it (Llama 3 GGUFs)."""
+    path = directory / "tokenizer.json"
+    state = json.loads(path.read_text())
+    kept = [token for token in state["added_tokens"] if token["id"] < vocab_size]
+    if len(kept) != len(state["added_tokens"]):
+        state["added_tokens"] = kept
+        path.write_text(json.dumps(state, ensure_ascii=False, indent=2) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.gguf_weights import field_value
 from loraplex.errors import user_error
 
@@ -21,7 +22,7 @@ GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(
 DIGIT_FIRST_PRES = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")
 
 
-def gguf_tokenizer(path: str | Path, reader: Any) -> Any:
+def gguf_tokenizer(path: str | Path, reader: GGUFIndex) -> Any:
     """The transformers fast tokenizer the file describes.
 
     Raises:

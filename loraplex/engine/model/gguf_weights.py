@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import BaseWeights, expected_names, from_hf_state
 from loraplex.errors import user_error
@@ -47,29 +48,26 @@ REFUSED_TENSORS = {"rope_freqs.weight": "per-frequency RoPE factors (Llama 3.1 s
                                         "as a tensor) are not supported"}
 
 
-def open_reader(path: str | Path) -> Any:
-    """A ``gguf.GGUFReader`` on ``path`` (memory-mapped, nothing dequantised yet).
+def open_reader(path: str | Path) -> GGUFIndex:
+    """The metadata and tensor table of ``path`` (memory-mapped, nothing dequantised yet).
 
     Raises:
         UserError: no such file, or not a GGUF file.
     """
-    from gguf import GGUFReader
-
     if not os.path.isfile(path):
         raise user_error("model", f"{path}: no such GGUF file")
     try:
-        return GGUFReader(str(path), "r")
+        return GGUFIndex(path)
     except (ValueError, OSError) as err:
         raise user_error("model", f"{path} is not a readable GGUF file: {err}") from err
 
 
-def field_value(reader: Any, key: str, default: Any = None) -> Any:
-    """A metadata value (strings decoded, arrays as lists), or ``default`` when absent."""
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def field_value(reader: GGUFIndex, key: str, default: Any = None) -> Any:
+    """A metadata value (string arrays as their length only, see `GGUFIndex`), or ``default``."""
+    return reader.fields.get(key, default)
 
 
-def architecture(reader: Any, path: str | Path) -> str:
+def architecture(reader: GGUFIndex, path: str | Path) -> str:
     """``general.architecture``, checked against `SUPPORTED_ARCHS`.
 
     Raises:
@@ -83,7 +81,7 @@ def architecture(reader: Any, path: str | Path) -> str:
     return str(arch)
 
 
-def check_tensors(reader: Any, path: str | Path) -> None:
+def check_tensors(reader: GGUFIndex, path: str | Path) -> None:
     """Refuse unsupported quantisation types and tensors this engine has no use for, naming
     the first offending tensor, before anything is dequantised."""
     for tensor in reader.tensors:

@@ -84,9 +84,10 @@ def tokenizer_vocab(tokenizer: Any) -> tuple[list[str], list[int], list[str]]:
 
 def write_gguf(path: Path, hf_model: Any, tokenizer: Any, arch: str, qtype: str = "F32", *,
                general_architecture: str | None = None, overrides: dict[str, str] | None = None,
-               seed: int = 0) -> Path:
+               pre: str | None = None, seed: int = 0) -> Path:
     """Write ``hf_model`` (fp32) + ``tokenizer`` as a GGUF file; 2-D weights in ``qtype``
-    (``overrides``: GGUF tensor name → type), norms in F32. Returns ``path``."""
+    (``overrides``: GGUF tensor name → type), norms in F32; ``pre``: llama.cpp pre-tokenizer
+    name (default: the family's). Returns ``path``."""
     from gguf import GGUFWriter
 
     cfg = hf_model.config
@@ -103,7 +104,7 @@ def write_gguf(path: Path, hf_model: Any, tokenizer: Any, arch: str, qtype: str 
     writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
-    _add_tokenizer(writer, tokenizer, arch)
+    _add_tokenizer(writer, tokenizer, arch, pre or PRE[arch])
     for index, (name, param) in enumerate(hf_model.state_dict().items()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -117,10 +118,10 @@ def write_gguf(path: Path, hf_model: Any, tokenizer: Any, arch: str, qtype: str 
     return path
 
 
-def _add_tokenizer(writer: Any, tokenizer: Any, arch: str) -> None:
+def _add_tokenizer(writer: Any, tokenizer: Any, arch: str, pre: str) -> None:
     tokens, types, merges = tokenizer_vocab(tokenizer)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE[arch])
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)
