@@ -16,6 +16,7 @@ from loraplex.cli.model_sources import resolve_source
 from loraplex.engine.builtin.tokenizer import build_tokenizer
 from loraplex.engine.gguf.config import hf_config_dict
 from loraplex.engine.gguf.model_dir import ensure_gguf_model_dir
+from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.gguf_weights import load_gguf_weights, open_reader
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
@@ -149,3 +150,24 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
         resolve_source(f"gguf:{path}", str(tmp_path / "data"))
     with pytest.raises(UserError, match="no such file"):
         resolve_source(f"gguf:{tmp_path / 'absent.gguf'}", str(tmp_path / "data"))
+
+
+def test_quick_index_reads_what_the_gguf_packages_reader_reads(
+        families: dict[str, tuple[Any, Any]], tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    hf_model, tokenizer = families["qwen3"]
+    path = write_gguf(tmp_path / "m.gguf", hf_model, tokenizer, "qwen3", "Q4_1",
+                      overrides={"blk.0.ffn_down.weight": "BF16", "blk.1.attn_q.weight": "F16"})
+    reference, ours = GGUFReader(str(path)), GGUFIndex(path, full_arrays=("tokenizer.ggml.tokens",))
+    assert set(ours.fields) == set(reference.fields) - {"GGUF.version", "GGUF.tensor_count",
+                                                        "GGUF.kv_count"}
+    for key, field in reference.fields.items():
+        if key in ours.fields and key != "tokenizer.ggml.merges":
+            assert ours.fields[key] == pytest.approx(field.contents()), key
+    assert len(ours.fields["tokenizer.ggml.merges"]) == len(reference.fields[
+        "tokenizer.ggml.merges"].contents()), "a skipped string array keeps its length"
+    assert [t.name for t in ours.tensors] == [t.name for t in reference.tensors]
+    for mine, theirs in zip(ours.tensors, reference.tensors, strict=True):
+        assert mine.tensor_type == theirs.tensor_type
+        np.testing.assert_array_equal(mine.data, theirs.data)
