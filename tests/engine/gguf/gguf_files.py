@@ -60,10 +60,12 @@ def random_k_blocks(rows: int, cols: int, qtype: str, seed: int, peak: float = 0
     block, size = GGML_QUANT_SIZES[kind]
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    if qtype not in K_SCALE_OFFSETS:
+        return data.reshape(rows, -1)
     for scale in (1.0, None):
         if scale is None:
             scale = peak / float(np.abs(dequantize(data.reshape(rows, -1), kind)).max())
-        for offset in K_SCALE_OFFSETS.get(qtype, ()):
+        for offset in K_SCALE_OFFSETS[qtype]:
             data[:, :, offset:offset + 2] = np.frombuffer(np.float16(scale).tobytes(), np.uint8)
     return data.reshape(rows, -1)
 
@@ -84,10 +86,12 @@ def tokenizer_vocab(tokenizer: Any) -> tuple[list[str], list[int], list[str]]:
 
 def write_gguf(path: Path, hf_model: Any, tokenizer: Any, arch: str, qtype: str = "F32", *,
                general_architecture: str | None = None, overrides: dict[str, str] | None = None,
-               pre: str | None = None, seed: int = 0) -> Path:
+               pre: str | None = None, extra_kv: dict[str, str] | None = None,
+               extra_tensors: dict[str, np.ndarray] | None = None, seed: int = 0) -> Path:
     """Write ``hf_model`` (fp32) + ``tokenizer`` as a GGUF file; 2-D weights in ``qtype``
     (``overrides``: GGUF tensor name → type), norms in F32; ``pre``: llama.cpp pre-tokenizer
-    name (default: the family's). Returns ``path``."""
+    name (default: the family's); ``extra_kv`` / ``extra_tensors``: more string metadata and F32
+    tensors, as other converters write. Returns ``path``."""
     from gguf import GGUFWriter
 
     cfg = hf_model.config
@@ -105,6 +109,10 @@ def write_gguf(path: Path, hf_model: Any, tokenizer: Any, arch: str, qtype: str 
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     _add_tokenizer(writer, tokenizer, arch, pre or PRE[arch])
+    for key, value in (extra_kv or {}).items():
+        writer.add_string(key, value)
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values.astype(np.float32))
     for index, (name, param) in enumerate(hf_model.state_dict().items()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue

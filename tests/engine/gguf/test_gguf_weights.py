@@ -171,3 +171,20 @@ def test_quick_index_reads_what_the_gguf_packages_reader_reads(
     for mine, theirs in zip(ours.tensors, reference.tensors, strict=True):
         assert mine.tensor_type == theirs.tensor_type
         np.testing.assert_array_equal(mine.data, theirs.data)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"extra_kv": {"llama.rope.scaling.type": "linear"}},
+     r"llama\.rope\.scaling\.type.*'linear' is not supported"),
+    ({"extra_tensors": {"rope_freqs.weight": np.ones(32)}},
+     r"rope_freqs\.weight: per-frequency RoPE factors"),
+    ({"extra_tensors": {"blk.0.attn_q.bias": np.zeros(256)}},
+     r"tensor blk\.0\.attn_q\.bias is not one a llama/qwen3 model has"),
+])
+def test_features_the_engine_cannot_run_are_refused_by_name(
+        families: dict[str, tuple[Any, Any]], tmp_path: Path, extra: dict[str, Any],
+        message: str) -> None:
+    hf_model, tokenizer = families["llama"]
+    path = write_gguf(tmp_path / "x.gguf", hf_model, tokenizer, "llama", "F16", **extra)
+    with pytest.raises(UserError, match=message):
+        resolve_source(f"gguf:{path}", str(tmp_path / "data"))
