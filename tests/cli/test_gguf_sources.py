@@ -44,7 +44,8 @@ def test_a_gguf_file_is_served_to_the_sdk_for_sampling_and_training(tmp_path: Pa
             client = tinker.ServiceClient(base_url=url, api_key="tml-gguf-test")
             prompt = types.ModelInput.from_ints(tokenizer.encode("hello world"))
             sampler = client.create_sampling_client(base_model=NAME).result()
-            out = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, seed=1)).result()
+            free = types.SamplingParams(max_tokens=4, seed=1, stop=[])  # no end-of-sequence stop
+            out = sampler.sample(prompt, 1, free).result()
             assert len(out.sequences[0].tokens) == 4
             training = client.create_lora_training_client(base_model=NAME, rank=4).result()
             ids = tokenizer.encode("def clamp(x, lo, hi): return x")
@@ -54,7 +55,7 @@ def test_a_gguf_file_is_served_to_the_sdk_for_sampling_and_training(tmp_path: Pa
             losses = []
             for _ in range(3):
                 fb = training.forward_backward([datum], "cross_entropy")
-                training.optim_step(types.AdamParams(learning_rate=0.02)).result()
+                training.optim_step(types.AdamParams(learning_rate=0.01)).result()
                 losses.append(fb.result().metrics["loss:sum"])
             assert losses[-1] < losses[0]
             with contextlib.suppress(Exception):

