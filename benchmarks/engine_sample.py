@@ -2,6 +2,7 @@
 side by side in one process, interleaved round by round, on the built-in ``small`` model.
 
     python -m benchmarks.engine_sample [--rounds 3] [--threads 1] [--model-dir DIR]
+        [--model small|smollm2]
 
 Workloads (generated tokens counted; EOS disabled on both sides so every sample runs its full
 length; temperature 1, no top-k/top-p: the RL policy distribution):
@@ -19,7 +20,8 @@ rounds, ``ratio`` (ours ÷ HF, fan-out), ``decode_roofline_fraction`` (ours ÷ (
 forward FLOPs per generated token, LoRA and attention included), the GEMM rate measured in
 this process at this thread count), ``prefix_sharing_speedup`` (unshared ÷ shared time),
 ``invariant_mode_cost`` (invariant ÷ fast tok/s) and the load average. Writes
-``benchmarks/results/engine_sample.{json,md}``.
+``benchmarks/results/engine_sample.{json,md}`` (``engine_sample_smollm2.*`` with ``--model
+smollm2``: the real SmolLM2-135M-Instruct, see `benchmarks.real_models`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
 from benchmarks.probe import load_average, probe_machine
+from benchmarks.real_models import LABELS, MODELS, result_stem, smollm2_dir
 from loraplex.config import EngineConfig
 from loraplex.cost.flops import forward_flops
 from loraplex.domain.lora import LoraConfig
@@ -261,10 +264,13 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path,
                         default=SCRATCH / "bench" / "engine_sample" / "small-qwen3")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--model", choices=MODELS, default="small",
+                        help="the built-in small model, or the real SmolLM2-135M-Instruct")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_start = load_average()
-    model_dir = ensure_builtin_model(args.model_dir.resolve(), "qwen3", "small", seed=0)
+    model_dir = (smollm2_dir() if args.model == "smollm2" else
+                 ensure_builtin_model(args.model_dir.resolve(), "qwen3", "small", seed=0))
     engines = build(model_dir)
     probe_start = probe_machine()
     measured = measure(engines, args.rounds)
@@ -280,6 +286,7 @@ def main() -> None:
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "threads": args.threads,
         "rounds": args.rounds,
+        "model_label": LABELS[args.model],
         "load_avg_start": list(load_start),
         "load_avg_end": list(load_average()),
         "probe_start": probe_start.as_dict(),
@@ -307,8 +314,9 @@ def main() -> None:
         **measured,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine_sample.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "engine_sample.md").write_text(markdown(result))
+    stem = result_stem("engine_sample", args.model)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))
 
 
@@ -323,13 +331,14 @@ def markdown(r: dict[str, Any]) -> str:
 
     stats = r["sampler_stats"]
     prof = r["decode_step_profile"]
+    card = r["model"]["card"]
     top = ", ".join(f"`{k}` {v}" for k, v in prof["top_ops_ms_per_step"].items())
     return "\n".join([
         "# Engine sampling: KV-cache sampler vs transformers generate + PEFT",
         "",
         f"Measured {r['measured_at']} with `python -m benchmarks.engine_sample`, "
-        f"{r['threads']} thread(s), {r['rounds']} interleaved rounds, built-in `small` Qwen3 "
-        f"(4 layers, hidden 512, vocab 8192), rank-{r['lora']['rank']} LoRA (B ≠ 0) on every "
+        f"{r['threads']} thread(s), {r['rounds']} interleaved rounds, "
+        f"{r.get('model_label', LABELS['small'])}, rank-{r['lora']['rank']} LoRA (B ≠ 0) on every "
         "linear and the head. Load average (1/5/15 min) at start "
         f"{[round(x, 2) for x in r['load_avg_start']]}, at end "
         f"{[round(x, 2) for x in r['load_avg_end']]}; GEMM probe "
@@ -361,15 +370,17 @@ def markdown(r: dict[str, Any]) -> str:
         "Prefill work per fan-out run (sampler counters): "
         f"{stats['fanout/ours_invariant']['prefill_tokens']} prompt tokens computed, "
         f"{stats['fanout/ours_invariant']['cached_tokens']} shared; unshared: "
-        f"{stats['unshared/ours_invariant']['prefill_tokens']} computed. "
-        "Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 tok/s; "
-        "our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md).",
+        f"{stats['unshared/ours_invariant']['prefill_tokens']} computed."
+        + (" Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 "
+           "tok/s; our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md)."
+           if r.get("model_label", LABELS["small"]) == LABELS["small"] else ""),
         "",
         f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
         f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "
         f"step): {top}. `aten::mm` is the base linears and the LM head; `bmm`, `exp`, "
         "`index_select` and `masked_fill` are mostly the tiled attention: a decode token's "
-        "tile holds its 2 query heads per KV head padded to the 4-row quantum, and the G "
+        f"tile holds its {card['num_heads'] // card['num_kv_heads']} query heads per KV head "
+        "padded to the 4-row quantum, and the G "
         "samples of a request read their shared prompt pages in one tile per page.",
         "",
     ])

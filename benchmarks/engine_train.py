@@ -14,9 +14,11 @@ plus one optim_step per iteration. Candidates:
   ``ours`` (one adapter, the same 8 sequences);
 * ``ours_uniform`` / ``baseline_uniform``: 8 × 256 tokens (no padding to waste).
 
-Writes ``benchmarks/results/engine_train.json`` and ``.md``. Usage::
+Writes ``benchmarks/results/engine_train.json`` and ``.md`` (``engine_train_smollm2.*`` with
+``--model smollm2``: the real SmolLM2-135M-Instruct, see `benchmarks.real_models`). Usage::
 
-    .venv/bin/python benchmarks/engine_train.py [--rounds 5] [--out benchmarks/results]
+    .venv/bin/python benchmarks/engine_train.py [--rounds 5] [--model small|smollm2]
+        [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import torch
 
 from benchmarks import RESULTS
 from benchmarks.probe import load_average, probe_machine
+from benchmarks.real_models import LABELS, MODELS, result_stem, smollm2_dir
 from loraplex.config import EngineConfig
 from loraplex.cost.flops import TrainingMethod, training_flops
 from loraplex.domain.data import Datum, TensorData
@@ -64,6 +67,7 @@ PEFT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
                 "lm_head"]
 
 Step = Callable[[], None]
+SMALL_LABEL = "builtin small qwen3 (tied)"
 
 
 def token_rows(lengths: tuple[int, ...], vocab: int, seed: int = 0) -> list[list[int]]:
@@ -244,7 +248,7 @@ def measure(model_dir: str, rounds: int, warmup: int) -> dict[str, Any]:
         "load_avg_1m": [probe_before.load_avg_1m, load_average()[0]],
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "workload": {"model": "builtin small qwen3 (tied)", "rank": RANK, "alpha": LORA.alpha,
+        "workload": {"model": SMALL_LABEL, "rank": RANK, "alpha": LORA.alpha,
                      "targets": PEFT_TARGETS, "mixed_lengths": MIXED_LENGTHS,
                      "baseline_padded_tokens": 8 * max(MIXED_LENGTHS),
                      "uniform_lengths": UNIFORM_LENGTHS, "rounds": rounds, "warmup": warmup,
@@ -277,7 +281,7 @@ def markdown(result: dict[str, Any]) -> str:
         ("uniform ratio", r["uniform_ratio"], "no padding for the baseline to waste"),
     ]
     lines = ["# Engine training benchmark", "",
-             f"Built-in small Qwen3 ({w['num_params'] / 1e6:.1f} M params, tied), rank {w['rank']} "
+             f"{w['model']} ({w['num_params'] / 1e6:.1f} M params), rank {w['rank']} "
              f"on {', '.join(w['targets'])}; 8 sequences of lengths {list(w['mixed_lengths'])} "
              f"(the baseline pads them to {w['baseline_padded_tokens']} positions); "
              f"{w['rounds']} interleaved rounds (medians), load average "
@@ -302,8 +306,11 @@ def markdown(result: dict[str, Any]) -> str:
               f"{best['baseline_tok_s']:,.0f} tok/s, roofline {best['roofline_tok_s']:,.0f} "
               f"tok/s; uniform ours {best['uniform_ours_tok_s']:,.0f} vs baseline "
               f"{best['uniform_baseline_tok_s']:,.0f} tok/s. The machine is shared: compare "
-              "only numbers of one run (benchmarks/results/skyrl_peer.md measured SkyRL tx on "
-              "the same model at 241 tok/s mixed, 435 tok/s 8×256, in another run)."]
+              "only numbers of one run"]
+    if w["model"] == SMALL_LABEL:
+        lines[-1] += (" (benchmarks/results/skyrl_peer.md measured SkyRL tx on the same model at "
+                      "241 tok/s mixed, 435 tok/s 8×256, in another run)")
+    lines[-1] += "."
     return "\n".join(lines) + "\n"
 
 
@@ -313,19 +320,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--model-dir", help="reuse a built-in small model directory")
+    parser.add_argument("--model", choices=MODELS, default="small",
+                        help="the built-in small model, or the real SmolLM2-135M-Instruct")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="loraplex-bench-") as scratch:
-        model_dir = args.model_dir or str(create_builtin_model(
-            Path(scratch) / "small-qwen3", "qwen3", "small", seed=0))
+        if args.model == "smollm2":
+            model_dir = args.model_dir or str(smollm2_dir())
+        else:
+            model_dir = args.model_dir or str(create_builtin_model(
+                Path(scratch) / "small-qwen3", "qwen3", "small", seed=0))
         result = measure(model_dir, args.rounds, args.warmup)
+    if args.model != "small":
+        result["workload"]["model"] = LABELS[args.model]
+    stem = result_stem("engine_train", args.model)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "engine_train.json"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
         json.dump(result, f, indent=2)
     md = markdown(result)
-    with open(os.path.join(args.out, "engine_train.md"), "w") as f:
+    with open(os.path.join(args.out, f"{stem}.md"), "w") as f:
         f.write(md)
     print(md)
     return 0

@@ -149,13 +149,18 @@ class MeteringConfig:
     cached_prefill_ratio: float | None = 0.2
 
 
+BUILTIN_SERVED_NAMES = {"builtin:smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+"""Real built-ins and the catalogue name ``--model SOURCE`` (no ``NAME=``) serves them under."""
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """``--model NAME=SOURCE``: a catalogue name served from a local directory or a built-in.
 
     Attributes:
         name: what clients pass as ``base_model``.
-        source: a local Hugging Face directory, or ``builtin:tiny`` / ``builtin:small``.
+        source: a local Hugging Face directory, ``builtin:tiny`` / ``builtin:small`` /
+            ``builtin:smollm2-135m``, or ``gguf:/path/model.gguf``.
     """
 
     name: str
@@ -163,11 +168,13 @@ class ModelSource:
 
     @staticmethod
     def parse(spec: str) -> ModelSource:
-        """``NAME=SOURCE`` → `ModelSource`.
+        """``NAME=SOURCE`` → `ModelSource` (a bare real built-in gets its own name).
 
         Raises:
             ValueError: no ``=``, or an empty side (the config loader names the source).
         """
+        if spec in BUILTIN_SERVED_NAMES:  # a bare real built-in: served under its own name
+            return ModelSource(BUILTIN_SERVED_NAMES[spec], spec)
         name, sep, source = spec.partition("=")
         if not sep or not name or not source:
             raise ValueError(f"expected NAME=SOURCE, got {spec!r}")

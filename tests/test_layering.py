@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
 ENGINE_ALLOWED: dict[str, set[str]] = {
     "model": set(),  # the base model takes a `LoraBatch` as data; it never imports `lora`
     "builtin": {"model"},
+    "gguf": {"model", "builtin"},
     "lora": {"model"},
     "losses": set(),
     "optim": set(),

@@ -8,7 +8,8 @@ tokenizer) of NAME's model directory into a Hugging Face cache layout,
 works with ``HF_HUB_OFFLINE=1`` (cookbook.md §0.3). Llama-3 names are installed as
 ``thinkingmachineslabinc/meta-llama-3-instruct-tokenizer``, the id both remap them to. NAME's
 directory is the one ``loraplex serve`` last served it from (recorded in the data dir), the
-built-in tiny model for the default name, or ``--source``.
+built-in tiny model for the default name, a real built-in for its own name
+(``HuggingFaceTB/SmolLM2-135M-Instruct``), or ``--source``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ import os
 import shutil
 from pathlib import Path
 
-from loraplex.config import DEFAULT_MODEL_NAME, ServerConfig, default_hf_home
+from loraplex.config import (
+    BUILTIN_SERVED_NAMES,
+    DEFAULT_MODEL_NAME,
+    ServerConfig,
+    default_hf_home,
+)
 from loraplex.errors import user_error
 
 LLAMA3_TOKENIZER = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
@@ -82,6 +88,9 @@ def model_dir_for(name: str, data_dir: str, source: str | None) -> str:
         return served
     if name == DEFAULT_MODEL_NAME:
         return resolve_source("builtin:tiny", data_dir)
+    builtin = {served: source for source, served in BUILTIN_SERVED_NAMES.items()}.get(name)
+    if builtin is not None:
+        return resolve_source(builtin, data_dir)
     raise user_error("NAME", f"{name!r} was never served from {data_dir}; start `loraplex "
                      "serve` with it first, or pass --source")
 
@@ -97,6 +106,10 @@ def install(model_dir: str, repo_id: str, hf_home: str, *, with_weights: bool = 
         p.name in TOKENIZER_FILES or (with_weights and p.suffix in WEIGHT_SUFFIXES)))
     if not any(p.name == "config.json" for p in files):
         raise user_error("NAME", f"{model_dir} has no config.json")
+    if with_weights and not any(p.suffix in WEIGHT_SUFFIXES for p in files):
+        raise user_error("--with-weights", f"{model_dir} has no weight files (a GGUF source "
+                         "keeps them in its file): write them out with `loraplex model "
+                         "import-gguf FILE DIR` and pass --source DIR")
     digest = hashlib.sha1()
     for path in files:
         digest.update(path.name.encode())

@@ -5,6 +5,9 @@ random model (HF safetensors + config.json) and a locally trained tokenizer, wit
 ``tiny`` (≤ 1M parameters) for tests, ``small`` (≈ 20M, 4 layers, hidden 512, vocab 8k) for
 benchmarks; ``qwen3_moe``: the same with 8 routed experts (top-2) in every layer.
 ``info DIR`` prints the model facts the server would report, as JSON.
+``import-gguf FILE DIR [--dtype float32|bfloat16|float16]`` writes a GGUF file (Llama or Qwen3
+family) as a plain HF directory: config, generation config, tokenizer and chat template rebuilt
+from its metadata, weights dequantised into ``model.safetensors``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = verbs.add_parser("info", help="print a model directory's facts as JSON")
     info.add_argument("directory", metavar="DIR")
     info.set_defaults(func=_info)
+    gguf = verbs.add_parser("import-gguf", help="write a GGUF file as an HF model directory")
+    gguf.add_argument("file", metavar="FILE", help="the .gguf file")
+    gguf.add_argument("directory", metavar="DIR", help="target directory (absent or empty)")
+    gguf.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                      help="dtype of the written weights (dequantised values are fp32)")
+    gguf.set_defaults(func=_import_gguf)
     from loraplex.cli.hf_cache import register_cache_tokenizer
 
     register_cache_tokenizer(verbs)
@@ -61,4 +70,21 @@ def _info(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(json.dumps({"vocab_size": info.vocab_size, **dataclasses.asdict(info)}, indent=2))
+    return 0
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    import torch
+
+    from loraplex.engine.gguf.model_dir import import_gguf
+    from loraplex.engine.model.spec import ModelSpec
+
+    try:
+        path = import_gguf(args.file, args.directory, getattr(torch, args.dtype))
+    except LoraplexError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    spec = ModelSpec.from_dir(path)
+    print(f"wrote {spec.arch} model ({spec.num_params():,} parameters, vocab {spec.vocab_size}, "
+          f"{args.dtype}) from {args.file} to {path}")
     return 0

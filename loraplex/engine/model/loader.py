@@ -12,6 +12,7 @@ import torch
 
 from loraplex.config import EngineConfig
 from loraplex.engine.model.checkpoint import load_weights
+from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.transformer import ComputeOptions, Transformer
 from loraplex.errors import user_error
@@ -44,7 +45,7 @@ def compute_options(config: EngineConfig) -> ComputeOptions:
 
 
 def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Transformer:
-    """Load a HF checkpoint directory as a frozen `Transformer`.
+    """Load a HF checkpoint directory (or a GGUF-backed one) as a frozen `Transformer`.
 
     Raises:
         UserError: unsupported architecture, mismatching weights, unavailable device.
@@ -53,5 +54,9 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Tra
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     spec = ModelSpec.from_dir(model_dir)
-    weights = load_weights(model_dir, spec, device, dtype)
+    gguf_file = gguf_file_of(model_dir)
+    if gguf_file is not None:  # a GGUF-backed directory: dequantise the file itself
+        weights = load_gguf_weights(gguf_file, spec, device, dtype)
+    else:
+        weights = load_weights(model_dir, spec, device, dtype)
     return Transformer(spec, weights, compute_options(config))
