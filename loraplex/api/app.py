@@ -17,12 +17,15 @@ from fastapi import FastAPI
 from loraplex.api import errors, housekeeping, metering
 from loraplex.api.auth import KeyCache
 from loraplex.api.context import ServerContext
+from loraplex.api.openai_text import ModelTexts
 from loraplex.api.routes import (
     client,
     downloads,
     futures,
     metrics,
     models,
+    openai_completions,
+    openai_models,
     openapi,
     runs,
     sampling,
@@ -34,7 +37,7 @@ from loraplex.api.routes import (
 )
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
-           stats, metrics, usage, openapi)
+           stats, metrics, usage, openapi, openai_models, openai_completions)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -58,6 +61,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.ctx = ctx
     app.state.key_cache = KeyCache(ctx.config.key_cache_ttl_s)
     app.state.metrics_registries = metrics.metrics_registries(ctx)
+    app.state.model_texts = ModelTexts()
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)
