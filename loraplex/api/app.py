@@ -16,10 +16,12 @@ from fastapi import FastAPI
 
 from loraplex.api import errors, housekeeping, metering
 from loraplex.api.auth import KeyCache
+from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext
 from loraplex.api.openai_text import ModelTexts
 from loraplex.api.routes import (
     client,
+    custom_losses,
     downloads,
     futures,
     metrics,
@@ -29,6 +31,7 @@ from loraplex.api.routes import (
     openapi,
     runs,
     sampling,
+    session_futures,
     sessions,
     stats,
     training,
@@ -37,7 +40,8 @@ from loraplex.api.routes import (
 )
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
-           stats, metrics, usage, openapi, openai_models, openai_completions)
+           stats, metrics, usage, openapi, openai_models, openai_completions,
+           custom_losses, session_futures)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -62,6 +66,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.key_cache = KeyCache(ctx.config.key_cache_ttl_s)
     app.state.metrics_registries = metrics.metrics_registries(ctx)
     app.state.model_texts = ModelTexts()
+    app.state.completion_feeds = CompletionFeeds(ctx.futures)
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)

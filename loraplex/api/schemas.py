@@ -100,3 +100,7 @@ def parse(model: type[M], body: bytes) -> M:
         return model.model_validate_json(body or b"{}")
     except pydantic.ValidationError as exc:
         raise from_validation(exc) from None
+
+
+class CreateCustomLossRequest(sdk.CreateCustomLossRequest):
+    model_config = LENIENT

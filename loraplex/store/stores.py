@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from loraplex.errors import StorageError
 from loraplex.store import (
     checkpoints,
+    custom_losses,
     futures,
     keys,
     runs,
@@ -38,7 +39,8 @@ from loraplex.store.disk import storage_error
 
 DATABASE_FILE = "loraplex.sqlite3"
 SCHEMAS = (keys.SCHEMA, sessions.SCHEMA, runs.SCHEMA, checkpoints.SCHEMA, samplers.SCHEMA,
-           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA)
+           sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA,
+           custom_losses.SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Stores:
     served_models: served_models.ServedModelStore
     usage: usage.UsageStore
     archive_dir: str
+    custom_losses: custom_losses.CustomLossStore
     secret: bytes
 
     def close(self) -> None:
@@ -98,6 +101,7 @@ def _open(data_dir: str) -> Stores:
             served_models=served_models.ServedModelStore(db),
             usage=usage.UsageStore(db),
             archive_dir=os.path.join(data_dir, "archives"),
+            custom_losses=custom_losses.CustomLossStore(db),
             secret=_load_or_create_secret(os.path.join(data_dir, "server_secret")),
         )
     except BaseException:

@@ -16,10 +16,19 @@ from loraplex.config import LimitsConfig
 router = APIRouter(prefix="/api/v1")
 
 
+SERVER_FEATURES: dict[str, Any] = {
+    "custom_loss_server_side": True,
+    "sample_use_retrieve_futures": True,
+    "sample_join_sampling_session": True,
+}
+"""The SDK 0.38 features this server implements (off in the SDK's defaults); ``client_config``
+in the server config may switch them off again."""
+
+
 @router.post("/client/config")
 async def client_config(request: Request) -> dict[str, Any]:
-    """All defaults, plus the server's overrides (chunk sizes, ordering, transport)."""
-    return dict(ctx_of(request).config.client_config)
+    """The server's features, plus its overrides (chunk sizes, ordering, transport)."""
+    return {**SERVER_FEATURES, **ctx_of(request).config.client_config}
 
 
 @router.post("/client/dynamic_config")

@@ -13,6 +13,7 @@ from loraplex.api import convert, schemas
 from loraplex.api.access import checkpoint_adapter_id, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
+from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.submission import new_request_id
 from loraplex.domain import ids
@@ -24,6 +25,10 @@ from loraplex.scheduler.catalog import ServedModel
 from loraplex.store.samplers import SamplerRecord, new_record
 
 router = APIRouter(prefix="/api/v1")
+
+CLONE_SEQ_IDS = 1_000_000_000
+"""A cloned SamplingClient's seq ids are clone × 10⁹ + n (the SDK's layout): its feed for
+``retrieve_futures`` is ``seq_id // CLONE_SEQ_IDS``."""
 
 
 def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
@@ -68,6 +73,10 @@ async def get_sampler(sampler_id: str, request: Request, tenant: Tenant) -> dict
 async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, schemas.SampleRequest)
     admitted = submit_sample(ctx, tenant, body, sampler_for(ctx, tenant, body))
+    if body.sampling_session_id is not None and body.seq_id is not None:
+        feeds: CompletionFeeds = request.app.state.completion_feeds
+        feeds.watch((tenant, body.sampling_session_id, body.seq_id // CLONE_SEQ_IDS),
+                    admitted.request_id)
     return {"request_id": admitted.request_id,
             "sample_sequence_ids": list(admitted.sample_sequence_ids)}
 

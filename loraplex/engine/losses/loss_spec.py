@@ -38,7 +38,8 @@ class LossOutput:
         names = list(self.metrics)
         if not names:
             return {}
-        values = torch.stack([self.metrics[n].detach().float().reshape(()) for n in names])
+        # float64: exact for float32 metrics, and keeps the custom losses' float64 sums.
+        values = torch.stack([self.metrics[n].detach().double().reshape(()) for n in names])
         return dict(zip(names, values.tolist(), strict=True))
 
 
