@@ -56,6 +56,11 @@ class AuthError(UserError):
     """Missing or unknown API key."""
 
 
+class TokenError(AuthError):
+    """An expired, forged or malformed bearer JWT: the client should exchange its key for a
+    new one (RFC 6750 ``invalid_token``)."""
+
+
 class ConflictError(UserError):
     """The object already exists (e.g. a checkpoint name without ``overwrite``)."""
 

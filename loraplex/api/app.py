@@ -18,6 +18,7 @@ from loraplex.api import errors, housekeeping, metering
 from loraplex.api.auth import KeyCache
 from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext
+from loraplex.api.jwt_tokens import JwtIssuer
 from loraplex.api.openai_text import ModelTexts
 from loraplex.api.routes import (
     client,
@@ -67,6 +68,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.metrics_registries = metrics.metrics_registries(ctx)
     app.state.model_texts = ModelTexts()
     app.state.completion_feeds = CompletionFeeds(ctx.futures)
+    key = ctx.config.jwt_issuer_key
+    app.state.jwt_issuer = None if key is None else JwtIssuer(key, ctx.config.jwt_lifetime_s)
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -4,6 +4,7 @@
 |-----------------------------|------|-------------------------|
 | NotFoundError               | 404  | user                    |
 | AuthError                   | 401  | user                    |
+| TokenError (a bad JWT)      | 401 (+ WWW-Authenticate: invalid_token) | user |
 | ConflictError               | 409  | user                    |
 | QuotaError                  | 403  | user                    |
 | PayloadTooLargeError        | 413  | user                    |
@@ -41,6 +42,7 @@ from loraplex.errors import (
     QuotaError,
     ServerError,
     StorageError,
+    TokenError,
     UserError,
     server_bug,
     user_error,
@@ -101,6 +103,8 @@ def error_response(error: LoraplexError, path: str = "") -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(error, CapacityError) else None
     if isinstance(error, StorageError):  # a full or read-only disk: retrying at once won't help
         headers = {"x-should-retry": "false"}
+    if isinstance(error, TokenError):  # the SDK re-exchanges its key once, then replays
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
     status = http_status(error)
     content = (openai_error_body(error, status) if path.startswith(OPENAI_PREFIX)
                else error_body(error))
