@@ -23,6 +23,9 @@ MAX_N = 128
 MAX_STOP = 4
 """Most stop strings, as OpenAI allows."""
 
+MAX_PROMPTS = 64
+"""Most prompts in one ``/v1/completions`` request (each is one sample request)."""
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -85,6 +88,9 @@ class CompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         super().check_supported()
+        if isinstance(self.prompt, list) and self.prompt and \
+                not isinstance(self.prompt[0], int) and len(self.prompt) > MAX_PROMPTS:
+            raise user_error("prompt", f"at most {MAX_PROMPTS} prompts per request")
         if self.echo:
             raise user_error("echo", "not supported by this server")
         if self.best_of not in (None, self.n):
@@ -125,6 +131,9 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, str | bool | int | float] | None = Field(default=None,
+                                                                            max_length=16)
+    """vLLM's extension: extra chat-template variables (e.g. ``enable_thinking``)."""
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,11 @@ class ModelText:
         """One token's text (special tokens kept), for logprob entries."""
         return str(self._tokenizer.decode([token], skip_special_tokens=False))
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """The template rendered with ``add_generation_prompt``, then encoded without adding
-        special tokens (the template writes them), as ``apply_chat_template`` does.
+    def chat_prompt(self, messages: list[dict[str, str]],
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """The template rendered with ``add_generation_prompt`` (and ``template_kwargs``, e.g.
+        Qwen3's ``enable_thinking``), then encoded without adding special tokens (the template
+        writes them), as ``apply_chat_template`` does.
 
         Raises:
             UserError: the model has no chat template, or the template rejects the messages.
@@ -66,8 +69,9 @@ class ModelText:
             raise user_error("model", "the model's tokenizer has no chat template; use "
                              "/v1/completions")
         try:
-            text = self._template.render(messages=messages, add_generation_prompt=True,
-                                         **self._special_tokens())
+            text = self._template.render(**{**(template_kwargs or {}), **self._special_tokens(),
+                                            "messages": messages,
+                                            "add_generation_prompt": True})
         except UserError:
             raise
         except Exception as exc:  # a template error is the messages' fault (raise_exception)
@@ -97,6 +101,7 @@ class ModelText:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent)
         env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)  # Llama 3.1
         return env.from_string(source)
 
     def text_deltas(self, tokens: Sequence[int]) -> list[str]:

@@ -72,7 +72,7 @@ async def chat_completions(request: Request, tenant: Tenant) -> Response:
     target = resolve(request, ctx, tenant, body.model)
     messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
                 for i, m in enumerate(body.messages)]
-    prompt = target.text.chat_prompt(messages)
+    prompt = target.text.chat_prompt(messages, body.chat_template_kwargs)
     topk = (body.top_logprobs or 0) if body.logprobs else None
     return await _respond(request, ctx, tenant, "chat", body, target, [prompt],
                           body.completion_budget, topk)

@@ -25,7 +25,8 @@ class LossOutput:
     Attributes:
         loss: scalar, the sum over all datums and tokens; carries autograd to ``logprobs``.
         elementwise_loss_T: detached float32 ``[T]`` per-position loss (summed over K for
-            top-K cross-entropy); ``elementwise_loss_T.sum() == loss``.
+            top-K cross-entropy); ``elementwise_loss_T.sum() == loss``, except for uploaded
+            custom losses, which are not per position (zeros).
         metrics: ``name:reduction`` → detached 0-d tensor; ``loss:sum`` always present.
     """
 
