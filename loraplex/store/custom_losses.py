@@ -29,8 +29,9 @@ class CustomLossStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    def insert(self, loss: CustomLoss) -> None:
-        """Store ``loss``; a retried create of the same id keeps the first one."""
+    def insert(self, loss: CustomLoss) -> CustomLoss:
+        """Store ``loss`` unless its id exists; returns the stored one (the first, for a
+        retried create)."""
         nodes = [{"op": n.op, "name": n.name, "target": n.target, "args": list(n.args),
                   "kwargs": n.kwargs} for n in loss.nodes]
         self._db.execute(
@@ -38,6 +39,10 @@ class CustomLossStore:
             " nodes, created_at) VALUES (?,?,?,?,?,?,?)",
             (loss.loss_id, loss.tenant, loss.session_id, loss.name,
              json.dumps([list(i) for i in loss.inputs]), json.dumps(nodes), time.time()))
+        row = self._db.query_one("SELECT * FROM custom_losses WHERE loss_id = ?",
+                                 (loss.loss_id,))
+        assert row is not None, "inserted or already there"
+        return _loss(row)
 
     def get(self, loss_id: str, tenant: str, session_id: str,
             field: str = "loss_fn_config.loss_id") -> CustomLoss:

@@ -142,3 +142,29 @@ def test_a_datum_missing_an_input_fails_only_its_request(service_client: Make) -
     with pytest.raises(tinker.RequestFailedError, match=r"loss_fn_inputs\.advantages"):
         tc.forward_backward(bad, "custom", {"loss_id": handle.loss_id}).result()
     assert tc.forward_backward_custom(ppo_data(), handle).result().metrics["loss:sum"] != 0
+
+
+def test_a_retried_create_keeps_its_loss_and_a_reused_seq_id_fails(server: Server,
+                                                                   service_client: Make,
+                                                                   new_key: Callable[[], str]
+                                                                   ) -> None:
+    from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
+
+    key = new_key()
+    sid = service_client(key).holder.get_session_id()
+
+    def create(fn: Any, ranks: dict[str, int]) -> dict[str, Any]:
+        graph = encode_graph(trace_loss(fn, ranks, sid)).model_dump(mode="json")
+        body = {"session_id": sid, "custom_loss_seq_id": 5, "name": fn.__name__,
+                "inputs": [{"name": n, "rank": r} for n, r in ranks.items()], "graph": graph}
+        headers = {"X-API-Key": key}
+        submitted = httpx.post(f"{server.url}/api/v1/create_custom_loss", json=body,
+                               headers=headers, trust_env=False, timeout=30).json()
+        return dict(httpx.post(f"{server.url}/api/v1/retrieve_future", json=submitted,
+                               headers=headers, trust_env=False, timeout=30).json())
+
+    first = create(ppo, CASES["ppo"][1])
+    assert first == {"type": "create_custom_loss", "loss_id": f"{sid}:loss:5"}
+    assert create(ppo, CASES["ppo"][1]) == first, "a retry gets the same loss"
+    other = create(anchored_nll, CASES["anchored_nll"][1])
+    assert other["category"] == "user" and "custom_loss_seq_id" in other["error"]

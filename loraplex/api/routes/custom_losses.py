@@ -23,7 +23,7 @@ from loraplex.domain.custom_loss import (
     loss_id,
 )
 from loraplex.domain.ops import CustomLossCreated
-from loraplex.errors import user_error
+from loraplex.errors import ConflictError, user_error
 
 router = APIRouter(prefix="/api/v1")
 
@@ -42,8 +42,15 @@ async def create_custom_loss(request: Request, tenant: Tenant) -> dict[str, str]
     check_graph(nodes, inputs)
     loss = CustomLoss(loss_id(body.session_id, body.custom_loss_seq_id), tenant,
                       body.session_id, body.name, tuple(inputs), tuple(nodes))
-    ctx.stores.custom_losses.insert(loss)
+    stored = ctx.stores.custom_losses.insert(loss)
     request_id = new_request_id()
     ctx.futures.create(request_id, tenant, "CreateCustomLoss")
-    ctx.futures.resolve(request_id, CustomLossCreated(loss.loss_id))
+    if (stored.name, stored.inputs, stored.nodes) != (loss.name, loss.inputs, loss.nodes):
+        # A retry resends the same loss; another loss under the same seq id is a client bug
+        # (a failed future, not a 409, which the SDK's HTTP layer would retry).
+        ctx.futures.fail(request_id, ConflictError(
+            f"custom_loss_seq_id: {body.custom_loss_seq_id} already names another loss in "
+            "this session", field="custom_loss_seq_id"))
+    else:
+        ctx.futures.resolve(request_id, CustomLossCreated(loss.loss_id))
     return {"request_id": request_id}
