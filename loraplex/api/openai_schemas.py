@@ -148,3 +148,6 @@ class ChatCompletionRequest(_SamplingFields):
     def completion_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None \
             else self.max_tokens
+
+
+OpenAIRequest = CompletionRequest | ChatCompletionRequest

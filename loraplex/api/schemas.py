@@ -104,3 +104,11 @@ def parse(model: type[M], body: bytes) -> M:
 
 class CreateCustomLossRequest(sdk.CreateCustomLossRequest):
     model_config = LENIENT
+
+
+class FuturesRetrieveRequest(sdk.FuturesRetrieveRequest):
+    model_config = LENIENT
+
+
+class JoinSamplingSessionRequest(sdk.JoinSamplingSessionRequest):
+    model_config = LENIENT

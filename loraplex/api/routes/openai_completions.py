@@ -22,17 +22,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tinker import types as sdk
 
-from loraplex.api import openai_render, schemas
+from loraplex.api import openai_render, openai_schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext
 from loraplex.api.longpoll import wait_until_done
 from loraplex.api.openai_render import Kind
-from loraplex.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from loraplex.api.openai_schemas import OpenAIRequest
 from loraplex.api.openai_text import ModelText, ModelTexts
 from loraplex.api.routes.sampling import (
     base_sampler,
     path_sampler,
+    sample_request,
     session_sampler,
     submit_sample,
 )
@@ -57,7 +58,7 @@ class Target:
 
 @router.post("/completions")
 async def completions(request: Request, tenant: Tenant) -> Response:
-    ctx, body = await parse_body(request, CompletionRequest)
+    ctx, body = await parse_body(request, openai_schemas.CompletionRequest)
     body.check_supported()
     target = resolve(request, ctx, tenant, body.model)
     prompts = _completion_prompts(body.prompt, target.text)
@@ -67,7 +68,7 @@ async def completions(request: Request, tenant: Tenant) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, tenant: Tenant) -> Response:
-    ctx, body = await parse_body(request, ChatCompletionRequest)
+    ctx, body = await parse_body(request, openai_schemas.ChatCompletionRequest)
     body.check_supported()
     target = resolve(request, ctx, tenant, body.model)
     messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
@@ -114,7 +115,7 @@ def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
 
 
 async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind,
-                   body: CompletionRequest | ChatCompletionRequest, target: Target,
+                   body: OpenAIRequest, target: Target,
                    prompts: list[list[int]], max_tokens: int | None, topk: int | None
                    ) -> Response:
     stops = body.stop_strings()
@@ -125,9 +126,7 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not tokens:
             raise user_error(field, "empty prompt")
-        sample = schemas.SampleRequest(
-            num_samples=body.n, prompt=sdk.ModelInput.from_ints(tokens),
-            sampling_params=params, topk_sample_logprobs=topk or 0)
+        sample = sample_request(tokens, body.n, params, topk or 0)
         request_ids.append(submit_sample(ctx, tenant, sample, target.sampler).request_id)
     results = [await _result(ctx, tenant, rid) for rid in request_ids]
     made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
+from tinker import types as sdk
 
 from loraplex.api import convert, schemas
 from loraplex.api.access import checkpoint_adapter_id, readable_checkpoint
@@ -79,6 +80,14 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
                     admitted.request_id)
     return {"request_id": admitted.request_id,
             "sample_sequence_ids": list(admitted.sample_sequence_ids)}
+
+
+def sample_request(tokens: list[int], num_samples: int, params: sdk.SamplingParams,
+                   topk_sample_logprobs: int) -> schemas.SampleRequest:
+    """The ``asample`` body that asks for what the OpenAI-compatible routes ask for."""
+    return schemas.SampleRequest(num_samples=num_samples, prompt=sdk.ModelInput.from_ints(tokens),
+                                 sampling_params=params,
+                                 topk_sample_logprobs=topk_sample_logprobs)
 
 
 def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,

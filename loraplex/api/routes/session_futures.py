@@ -12,14 +12,15 @@ Both answer 404 for a sampling session of another tenant.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 
+from loraplex.api import schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.completion_feeds import CompletionFeeds
+from loraplex.errors import user_error
 from loraplex.store.samplers import MAX_CLONE_ID
 
 router = APIRouter(prefix="/api/v1")
@@ -28,33 +29,15 @@ MAX_POLL_S = 30.0
 """Longest hold of one retrieve_futures poll: under the SDK's 45 s HTTP timeout."""
 
 
-class SamplingSessionTarget(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["sampling_session"] = "sampling_session"
-    sampling_session_id: str
-    cloned_sampler_id: int = Field(default=0, ge=0, le=MAX_CLONE_ID)
-
-
-class FuturesRetrieveRequest(BaseModel):
-    """The SDK's ``FuturesRetrieveRequest``."""
-
-    model_config = ConfigDict(extra="ignore")
-    target: SamplingSessionTarget
-    prev_cursor: int = Field(default=0, ge=0)
-    timeout: float | None = Field(default=None, ge=0)
-    retrieved_request_ids: list[str] = Field(default_factory=list, max_length=100_000)
-
-
-class JoinSamplingSessionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    sampling_session_id: str
-
-
 @router.post("/retrieve_futures")
 async def retrieve_futures(request: Request, tenant: Tenant) -> dict[str, Any]:
-    ctx, body = await parse_body(request, FuturesRetrieveRequest)
+    ctx, body = await parse_body(request, schemas.FuturesRetrieveRequest)
     target = body.target
     ctx.stores.samplers.get(target.sampling_session_id, tenant, "target.sampling_session_id")
+    if not 0 <= target.cloned_sampler_id <= MAX_CLONE_ID:
+        raise user_error("target.cloned_sampler_id", f"must be in [0, {MAX_CLONE_ID}]")
+    if body.prev_cursor < 0 or (body.timeout is not None and body.timeout < 0):
+        raise user_error("prev_cursor" if body.prev_cursor < 0 else "timeout", "must be ≥ 0")
     feeds: CompletionFeeds = request.app.state.completion_feeds
     wait_s = min(ctx.config.long_poll_s if body.timeout is None else body.timeout, MAX_POLL_S)
     completions, cursor = await feeds.poll(
@@ -65,7 +48,7 @@ async def retrieve_futures(request: Request, tenant: Tenant) -> dict[str, Any]:
 
 @router.post("/join_sampling_session")
 async def join_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
-    ctx, body = await parse_body(request, JoinSamplingSessionRequest)
+    ctx, body = await parse_body(request, schemas.JoinSamplingSessionRequest)
     ctx.stores.samplers.get(body.sampling_session_id, tenant)
     clone = ctx.stores.samplers.next_clone(body.sampling_session_id)
     return {"type": "join_sampling_session", "client_counter": clone}
