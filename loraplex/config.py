@@ -262,7 +262,7 @@ class ServerConfig:
     housekeeping_interval_s: float = 60.0
     download_url_ttl_s: float = 3600.0
     key_cache_ttl_s: float = 5.0
-    jwt_issuer_key: str | None = None
+    jwt_issuer_key: str | None = field(default=None, repr=False)
     jwt_lifetime_s: float = 900.0
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
