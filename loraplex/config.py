@@ -248,6 +248,10 @@ class ServerConfig:
         download_url_ttl_s: lifetime of signed checkpoint-download URLs.
         key_cache_ttl_s: how long a resolved API key is trusted before the database is asked
             again (a revoked key stops working within this time).
+        jwt_issuer_key: HMAC-SHA256 secret (≥ 32 characters) for SDK 0.38's JWT mode
+            (``pjwt_auth_enabled``): set, the SDK exchanges its API key at
+            ``/api/v1/auth/token`` for short-lived JWTs; None keeps plain API keys.
+        jwt_lifetime_s: lifetime of those JWTs (a revoked key's tokens live this long).
         metering: usage metering and pricing.
         limits: request bounds.
         quotas: per-tenant quotas.
@@ -265,6 +269,8 @@ class ServerConfig:
     housekeeping_interval_s: float = 60.0
     download_url_ttl_s: float = 3600.0
     key_cache_ttl_s: float = 5.0
+    jwt_issuer_key: str | None = field(default=None, repr=False)
+    jwt_lifetime_s: float = 900.0
     metering: MeteringConfig = field(default_factory=MeteringConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
@@ -275,6 +281,11 @@ class ServerConfig:
             raise user_error("models", "serve at least one model")
         if len(set(names)) != len(names):
             raise user_error("models", f"a NAME appears twice in {names}")
+        if self.jwt_issuer_key is not None and len(self.jwt_issuer_key) < 32:
+            raise user_error("jwt_issuer_key", "must be at least 32 characters")
+        if not 120 <= self.jwt_lifetime_s <= 86_400:
+            raise user_error("jwt_lifetime_s", "must be in [120, 86400] seconds (the SDK "
+                             "renews a token with 60 s left)")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ class AuthError(UserError):
 class ForbiddenError(UserError):
     """The caller is known but may not see this (an operator-only view)."""
 
+class TokenError(AuthError):
+    """An expired, forged or malformed bearer JWT: the client should exchange its key for a
+    new one (RFC 6750 ``invalid_token``)."""
+
 
 class ConflictError(UserError):
     """The object already exists (e.g. a checkpoint name without ``overwrite``)."""

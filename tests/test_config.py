@@ -64,8 +64,8 @@ def _sample(tp: Any, default: Any, salt: int = 0) -> Any:
         return (default or salt) + 1
     if tp is float:
         return default / 2 if default else 0.5
-    if tp is str:
-        return f"{default or 'value'}-{salt}"
+    if tp is str:  # long enough for fields with a minimum length (jwt_issuer_key)
+        return f"{default or 'a-value-of-at-least-thirty-two-characters'}-{salt}"
     if tp is Any:
         return salt + 1
     if origin is Literal:

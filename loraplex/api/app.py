@@ -16,20 +16,27 @@ from fastapi import FastAPI
 
 from loraplex.api import errors, housekeeping, metering
 from loraplex.api.auth import KeyCache
+from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext
+from loraplex.api.jwt_tokens import JwtIssuer
+from loraplex.api.openai_text import ModelTexts
 from loraplex.api.routes import (
     client,
+    custom_losses,
     cycles,
     dashboard,
     downloads,
     futures,
     metrics,
     models,
+    openai_completions,
+    openai_models,
     openapi,
     operator_view,
     run_metrics,
     runs,
     sampling,
+    session_futures,
     sessions,
     stats,
     tenant_view,
@@ -41,7 +48,7 @@ from loraplex.api.routes import (
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
            stats, metrics, usage, openapi, run_metrics, tenant_view, operator_view, cycles,
-           trace, dashboard)
+           trace, dashboard, openai_models, openai_completions, custom_losses, session_futures)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:
@@ -65,6 +72,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.ctx = ctx
     app.state.key_cache = KeyCache(ctx.config.key_cache_ttl_s)
     app.state.metrics_registries = metrics.metrics_registries(ctx)
+    app.state.model_texts = ModelTexts()
+    app.state.completion_feeds = CompletionFeeds(ctx.futures)
+    key = ctx.config.jwt_issuer_key
+    app.state.jwt_issuer = None if key is None else JwtIssuer(key, ctx.config.jwt_lifetime_s)
     errors.install(app)
     for module in ROUTERS:
         app.include_router(module.router)

@@ -17,6 +17,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from loraplex.api.context import ctx_of
+from loraplex.api.jwt_tokens import JWT_PREFIX, JwtIssuer
 from loraplex.errors import AuthError
 from loraplex.store.keys import Principal
 
@@ -69,7 +70,19 @@ def presented_key(request: Request) -> str | None:
 
 async def authenticate(request: Request) -> Principal:
     """FastAPI dependency: the caller (AuthError → 401). Async on purpose: FastAPI runs sync
-    dependencies in a thread pool, a thread hop per request for a dict lookup."""
+    dependencies in a thread pool, a thread hop per request for a dict lookup. In JWT mode a
+    presented JWT is checked by its signature (`JwtIssuer`), without the key store."""
+    issuer: JwtIssuer | None = request.app.state.jwt_issuer
+    if issuer is not None:
+        key = presented_key(request)
+        if key is not None and key.startswith(JWT_PREFIX):
+            return issuer.verify(key)
+    cache: KeyCache = request.app.state.key_cache
+    return cache.principal(request)
+
+
+async def key_holder(request: Request) -> Principal:
+    """FastAPI dependency: the caller, by an API key only (never a JWT)."""
     cache: KeyCache = request.app.state.key_cache
     return cache.principal(request)
 
@@ -89,3 +102,4 @@ async def caller_if_any(request: Request) -> Principal | None:
 
 Tenant = Annotated[str, Depends(tenant_of)]
 Caller = Annotated[Principal, Depends(authenticate)]
+KeyHolder = Annotated[Principal, Depends(key_holder)]

@@ -146,9 +146,10 @@ def loss_fn_name(name: str) -> LossFnName:
     return name
 
 
-def check_datums(data: Sequence[Datum], info: ModelInfo) -> None:
+def check_datums(data: Sequence[Datum], info: ModelInfo, aligned: bool = True) -> None:
     """Structural checks every engine would make: tokens in the vocabulary and context, loss
-    inputs aligned with the tokens and finite."""
+    inputs aligned with the tokens (only ``target_tokens`` unless ``aligned``: a custom
+    loss's inputs have the shapes its author declared) and finite."""
     if not data:
         raise user_error("data", "no datums")
     for i, datum in enumerate(data):
@@ -158,7 +159,8 @@ def check_datums(data: Sequence[Datum], info: ModelInfo) -> None:
         check_tokens(datum.tokens, info, f"{where}.model_input")
         for name, t in datum.loss_fn_inputs.items():
             field = f"{where}.loss_fn_inputs.{name}"
-            if not t.shape or t.shape[0] != datum.length:
+            if (aligned or name == "target_tokens") and (
+                    not t.shape or t.shape[0] != datum.length):
                 raise user_error(field, f"shape {list(t.shape)} is not aligned with the "
                                  f"{datum.length} model_input tokens")
             if t.dtype == "float32":

@@ -4,6 +4,7 @@
 |-----------------------------|------|-------------------------|
 | NotFoundError               | 404  | user                    |
 | AuthError                   | 401  | user                    |
+| TokenError (a bad JWT)      | 401 (+ WWW-Authenticate: invalid_token) | user |
 | ConflictError               | 409  | user                    |
 | QuotaError, ForbiddenError  | 403  | user                    |
 | PayloadTooLargeError        | 413  | user                    |
@@ -11,6 +12,9 @@
 | CapacityError               | 429 (+ Retry-After) | server   |
 | StorageError                | 507 (+ x-should-retry: false) | server |
 | anything else               | 500 with an error id, never a trace | server |
+
+Under ``/v1/`` (the OpenAI-compatible routes) the same statuses carry OpenAI's error shape,
+``{"error": {"message", "type", "param", "code"}}``, which OpenAI clients parse.
 
 Every 4xx carries a JSON body naming the field (an empty 400 is retried by the SDK as a proxy
 glitch, tinker-api.md §2.4). 409 is retried by the SDK's HTTP layer, so submit paths report
@@ -39,6 +43,7 @@ from loraplex.errors import (
     QuotaError,
     ServerError,
     StorageError,
+    TokenError,
     UserError,
     server_bug,
     user_error,
@@ -79,11 +84,32 @@ def failure_json(error: LoraplexError) -> dict[str, Any]:
     return {"error": error.message, "category": error.category}
 
 
-def error_response(error: LoraplexError) -> JSONResponse:
+OPENAI_PREFIX = "/v1/"
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+                 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error_body(error: LoraplexError, status: int) -> dict[str, Any]:
+    """OpenAI's error object: ``param`` is the offending field, ``code`` a short reason."""
+    code = {401: "invalid_api_key", 404: "model_not_found" if error.field == "model"
+            else "not_found", 429: "rate_limit_exceeded"}.get(status)
+    return {"error": {"message": error.message,
+                      "type": _OPENAI_TYPES.get(status, "server_error"),
+                      "param": error.field, "code": code}}
+
+
+def error_response(error: LoraplexError, path: str = "") -> JSONResponse:
     headers = {"Retry-After": "1"} if isinstance(error, CapacityError) else None
     if isinstance(error, StorageError):  # a full or read-only disk: retrying at once won't help
         headers = {"x-should-retry": "false"}
-    return JSONResponse(error_body(error), status_code=http_status(error), headers=headers)
+    if isinstance(error, TokenError):  # the SDK re-exchanges its key once, then replays
+        headers = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+    status = http_status(error)
+    content = (openai_error_body(error, status) if path.startswith(OPENAI_PREFIX)
+               else error_body(error))
+    return JSONResponse(content, status_code=status, headers=headers)
 
 
 def from_validation(exc: pydantic.ValidationError | RequestValidationError,
@@ -103,21 +129,23 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(LoraplexError)
     async def _domain(request: Request, exc: LoraplexError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(pydantic.ValidationError)
     async def _schema(request: Request, exc: pydantic.ValidationError) -> JSONResponse:
-        return error_response(from_validation(exc))
+        return error_response(from_validation(exc), request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(from_validation(exc))
+        return error_response(from_validation(exc), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error: LoraplexError = (NotFoundError(f"{request.url.path}: no such endpoint")
                                 if exc.status_code == 404 else UserError(str(exc.detail)))
-        return JSONResponse(error_body(error), status_code=exc.status_code)
+        body = (openai_error_body(error, exc.status_code)
+                if request.url.path.startswith(OPENAI_PREFIX) else error_body(error))
+        return JSONResponse(body, status_code=exc.status_code)
 
     app.add_middleware(ServerBugMiddleware)
 
@@ -147,7 +175,7 @@ class ServerBugMiddleware:
             if started:  # a response is half-sent: nothing better to do than to drop it
                 raise
             error = server_bug(exc, f"{scope.get('method')} {scope.get('path')}")
-            await error_response(error)(scope, receive, send)
+            await error_response(error, str(scope.get("path", "")))(scope, receive, send)
 
 
 __all__ = ["ServerError", "error_body", "error_response", "failure_json", "from_validation",

@@ -21,12 +21,13 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from loraplex.api import auth, schemas
+from loraplex.api import auth, openai_schemas, schemas
 from loraplex.api.codec import PROTO_CONTENT_TYPE
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 API_KEY_SCHEME = "ApiKey"
 ERROR_SCHEMA = "Error"
+OPENAI_ERROR_SCHEMA = "OpenAIError"
 FORWARD_BACKWARD = "POST /api/v1/forward_backward"
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
@@ -46,6 +47,11 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "POST /api/v1/retrieve_future": schemas.FutureRetrieveRequest,
     "PUT /api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl":
         schemas.SetCheckpointTtlRequest,
+    "POST /api/v1/create_custom_loss": schemas.CreateCustomLossRequest,
+    "POST /api/v1/retrieve_futures": schemas.FuturesRetrieveRequest,
+    "POST /api/v1/join_sampling_session": schemas.JoinSamplingSessionRequest,
+    "POST /v1/completions": openai_schemas.CompletionRequest,
+    "POST /v1/chat/completions": openai_schemas.ChatCompletionRequest,
 }
 """``METHOD /path`` → the model its route validates the JSON body with (the route's own
 ``parse_body`` / ``schemas.parse`` call; tests/fuzz/test_openapi.py checks the two agree)."""
@@ -60,6 +66,18 @@ ERROR_JSON_SCHEMA: dict[str, Any] = {
         "field": {"type": "string", "description": "the offending field, when one is"},
     },
 }
+
+OPENAI_ERROR_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]},
+                       "code": {"type": ["string", "null"]}}}},
+}
+"""What the OpenAI-compatible routes (``/v1/…``) answer a refused request with."""
 
 PROTOBUF_BODY: dict[str, Any] = {
     "required": True,
@@ -112,9 +130,10 @@ def _complete(operation: dict[str, Any], key: str, security: list[dict[str, Any]
         operation["security"] = security
     responses = operation.setdefault("responses", {})
     responses.pop("422", None)  # schema failures are answered 400 (`api.errors`), never 422
+    error = OPENAI_ERROR_SCHEMA if key.split(" ", 1)[1].startswith("/v1/") else ERROR_SCHEMA
     responses["4XX"] = {"description": "The request was refused; the body names the problem.",
                         "content": {"application/json": {"schema": {
-                            "$ref": REF_TEMPLATE.format(model=ERROR_SCHEMA)}}}}
+                            "$ref": REF_TEMPLATE.format(model=error)}}}}
 
 
 def _body_schemas() -> dict[str, Any]:
@@ -123,6 +142,7 @@ def _body_schemas() -> dict[str, Any]:
     _, top = models_json_schema([(m, "validation") for m in models], ref_template=REF_TEMPLATE)
     found: dict[str, Any] = dict(top.get("$defs", {}))
     found[ERROR_SCHEMA] = copy.deepcopy(ERROR_JSON_SCHEMA)
+    found[OPENAI_ERROR_SCHEMA] = copy.deepcopy(OPENAI_ERROR_JSON_SCHEMA)
     return found
 
 

@@ -100,3 +100,15 @@ def parse(model: type[M], body: bytes) -> M:
         return model.model_validate_json(body or b"{}")
     except pydantic.ValidationError as exc:
         raise from_validation(exc) from None
+
+
+class CreateCustomLossRequest(sdk.CreateCustomLossRequest):
+    model_config = LENIENT
+
+
+class FuturesRetrieveRequest(sdk.FuturesRetrieveRequest):
+    model_config = LENIENT
+
+
+class JoinSamplingSessionRequest(sdk.JoinSamplingSessionRequest):
+    model_config = LENIENT

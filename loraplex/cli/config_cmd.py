@@ -65,9 +65,17 @@ def as_lines(loaded: LoadedConfig) -> str:
     return "\n\n".join(blocks)
 
 
+SECRET_FIELDS = frozenset({"server.jwt_issuer_key"})
+"""Shown as ``"<secret: N characters>"``, never in clear."""
+
+
 def _values(loaded: LoadedConfig, name: str) -> dict[str, Any]:
     section = sections()[name]
     slice_: Any = loaded.config
     for attr in section.path:
         slice_ = getattr(slice_, attr)
-    return {key: getattr(slice_, key) for key in section.keys}
+    values = {key: getattr(slice_, key) for key in section.keys}
+    for key, value in values.items():
+        if f"{name}.{key}" in SECRET_FIELDS and value is not None:
+            values[key] = f"<secret: {len(value)} characters>"
+    return values

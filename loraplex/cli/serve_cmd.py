@@ -190,7 +190,8 @@ def build_context(
             for executor in group.executors:
                 lanes.add_worker(executor)
         lanes = by_dir[directory]
-        served.append(ServedModel(model.name, model.source, lanes, lanes.model_info()))
+        served.append(ServedModel(model.name, model.source, lanes, lanes.model_info(),
+                                  directory))
         stores.served_models.record(model.name, model.source, directory)
     return ServerContext(config, stores, Catalog(served), futures, UrlSigner(stores.secret))
 

@@ -25,6 +25,7 @@ from loraplex.errors import LoraplexError, UserError
 RequestKind = Literal[
     "CreateModel", "ForwardBackward", "Forward", "OptimStep", "SaveWeights",
     "SaveWeightsForSampler", "SaveWeightsExternal", "LoadWeights", "Sample",
+    "CreateCustomLoss",
 ]
 SamplerSource = Literal["base", "checkpoint", "snapshot", "inflight"]
 """What a sampling session samples: the bare base model, a checkpoint directory, or an in-memory
@@ -233,8 +234,15 @@ class Sampled:
     sequence_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class CustomLossCreated:
+    """``create_custom_loss``: the stored loss's id."""
+
+    loss_id: str
+
+
 FutureResult = (ModelCreated | WeightsLoaded | CheckpointSaved | SamplerSnapshotReady | Sampled
-                | ForwardBackwardResult | OptimStepResult)
+                | ForwardBackwardResult | OptimStepResult | CustomLossCreated)
 
 
 # ---- plans: what one clock step asks the engine to do ----------------------------------------

@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from loraplex.domain.custom_loss import CustomLoss, CustomLossFn
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.losses import LossFnName
@@ -30,17 +31,19 @@ class ForwardBackwardWork:
         request_id: the future this work completes.
         adapter_id: the training adapter whose LoRA applies (and receives the gradients).
         data: datums, in request order.
-        loss_fn: Tinker loss name.
+        loss_fn: Tinker loss name (``custom``: ``custom_loss`` runs).
         loss_fn_config: merged ``loss_fn_config`` / ``loss_fn_config_v2`` values.
         forward_only: no gradients, no side effects.
+        custom_loss: the uploaded loss of a ``custom`` work (None otherwise).
     """
 
     request_id: str
     adapter_id: str
     data: tuple[Datum, ...]
-    loss_fn: LossFnName
+    loss_fn: LossFnName | CustomLossFn
     loss_fn_config: Mapping[str, float | str]
     forward_only: bool
+    custom_loss: CustomLoss | None = None
 
     @property
     def num_tokens(self) -> int:

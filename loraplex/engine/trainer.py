@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loraplex.domain.custom_loss import CUSTOM_LOSS_FN
 from loraplex.domain.results import (
     ForwardBackwardResult,
     FwdBwdOutcome,
@@ -26,6 +27,7 @@ from loraplex.domain.results import (
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.losses.custom_graph import validate_custom
 from loraplex.engine.losses.loss_spec import LossOutput
 from loraplex.engine.losses.registry import get_loss
 from loraplex.engine.losses.validation import ValidatedLoss, resolve_config, validate
@@ -53,6 +55,18 @@ class _Prepared:
 def is_trainable(adapter: LoraAdapter) -> bool:
     """Training adapters have leaves that require grad; frozen sampler copies do not."""
     return adapter.is_trainable
+
+
+def _compute(k: int, p: _Prepared, logprobs: torch.Tensor, failed: dict[int, LoraplexError]
+             ) -> LossOutput:
+    """Work ``k``'s loss; a user error it raises (a custom loss's bad node) fails only it and
+    leaves a zero loss in its place."""
+    try:
+        return p.loss.compute(logprobs)
+    except LoraplexError as err:
+        failed[k] = err
+        zero = logprobs.detach().sum() * 0
+        return LossOutput(zero, torch.zeros_like(logprobs.detach()), {"loss:sum": zero})
 
 
 class Trainer:
@@ -107,10 +121,15 @@ class Trainer:
             if datum.length > self.max_context:
                 raise user_error(f"data[{i}].model_input", f"length {datum.length} exceeds the "
                                  f"model's max_context {self.max_context}")
+        vocab_size = self.model.spec.vocab_size
+        if work.custom_loss is not None:
+            return validate_custom(work.custom_loss, work.data, vocab_size).to(
+                self.model.device) if work.data else None
+        if work.loss_fn == CUSTOM_LOSS_FN:
+            raise user_error("loss_fn_config.loss_id", "a custom work without its loss")
         if not work.data:
             resolve_config(get_loss(work.loss_fn), work.loss_fn_config)
             return None
-        vocab_size = self.model.spec.vocab_size
         loss = validate(work.loss_fn, work.loss_fn_config, work.data, vocab_size)
         return loss.to(self.model.device)
 
@@ -128,10 +147,13 @@ class Trainer:
             # sampler), so trainer and sampler logprobs agree bitwise in invariant mode.
             logprobs_R_V = torch.log_softmax(self.model.logits(hidden_R_D, lora).float(), -1)
             logprobs = target_logprobs(prepared, logprobs_R_V, batch.row_index())
-            losses = [p.loss.compute(lp) for p, lp in zip(prepared, logprobs, strict=True)]
-        is_finite = torch.stack([out.loss.detach().isfinite() for out in losses]).tolist()
-        failed: dict[int, LoraplexError] = {}
-        for k, finite in enumerate(is_finite):
+            failed: dict[int, LoraplexError] = {}
+            losses = [_compute(k, p, lp, failed)
+                      for k, (p, lp) in enumerate(zip(prepared, logprobs, strict=True))]
+        computed = [k for k in range(len(prepared)) if k not in failed]
+        is_finite = torch.stack([losses[k].loss.detach().isfinite() for k in computed]).tolist() \
+            if computed else []
+        for k, finite in zip(computed, is_finite, strict=True):
             if not finite:
                 failed[k] = user_error("loss_fn", f"the {prepared[k].work.loss_fn} loss is "
                                        f"{losses[k].loss.item()} (e.g. overflowing importance "

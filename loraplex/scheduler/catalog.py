@@ -23,12 +23,16 @@ class ServedModel:
         source: ``--model`` SOURCE it was loaded from.
         lanes: the schedulers of that source's workers, behind one routing facade.
         info: static facts of the base model.
+        model_dir: the resolved model directory (its ``tokenizer.json`` and
+            ``tokenizer_config.json`` turn text into tokens for the OpenAI-compatible routes);
+            None where no directory backs the model (test fakes).
     """
 
     name: str
     source: str
     lanes: Lanes
     info: ModelInfo
+    model_dir: str | None = None
 
 
 class Catalog:

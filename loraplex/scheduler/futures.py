@@ -18,6 +18,7 @@ from typing import assert_never
 
 from loraplex.domain.ops import (
     CheckpointSaved,
+    CustomLossCreated,
     FutureResult,
     ModelCreated,
     RequestKind,
@@ -196,7 +197,7 @@ def result_nbytes(result: FutureResult | None) -> int:
                        if s.topk_logprobs is not None)
             return 8 * sum(len(s.tokens) for s in sequences) + topk + 256
         case (ModelCreated() | WeightsLoaded() | CheckpointSaved() | SamplerSnapshotReady()
-              | OptimStepResult() | None):
+              | OptimStepResult() | CustomLossCreated() | None):
             return 256
         case _:
             assert_never(result)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from loraplex.errors import NotFoundError
+from loraplex.errors import CapacityError, NotFoundError
 from loraplex.store.db import Database
 
 SamplerSource = Literal["base", "checkpoint", "snapshot", "inflight"]
@@ -30,7 +30,15 @@ CREATE TABLE IF NOT EXISTS samplers (
 );
 CREATE INDEX IF NOT EXISTS samplers_by_session ON samplers (session_id);
 CREATE INDEX IF NOT EXISTS samplers_by_tenant ON samplers (tenant, created_at);
+
+CREATE TABLE IF NOT EXISTS sampler_clones (
+    sampler_id  TEXT PRIMARY KEY,
+    last_clone  INTEGER NOT NULL
+);
 """
+
+MAX_CLONE_ID = 999_999_999
+"""A clone's seq ids start at clone × 10⁹ (the SDK's layout), so ids stay below 2⁶³."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,26 @@ class SamplerStore:
         total = self._db.query_one("SELECT COUNT(*) AS n FROM samplers WHERE tenant = ?",
                                    (tenant,))
         return [_record(r) for r in rows], int(total["n"]) if total else 0
+
+    def next_clone(self, sampler_id: str) -> int:
+        """A new clone id of the sampler (1, 2, …; the original client is 0), unique across
+        restarts (``join_sampling_session``).
+
+        Raises:
+            CapacityError: the sampler has had `MAX_CLONE_ID` clones.
+        """
+        with self._db.transaction() as conn:
+            conn.execute("INSERT OR IGNORE INTO sampler_clones (sampler_id, last_clone)"
+                         " VALUES (?, 0)", (sampler_id,))
+            conn.execute("UPDATE sampler_clones SET last_clone = last_clone + 1"
+                         " WHERE sampler_id = ?", (sampler_id,))
+            row = conn.execute("SELECT last_clone FROM sampler_clones WHERE sampler_id = ?",
+                               (sampler_id,)).fetchone()
+        clone = int(row[0])
+        if clone > MAX_CLONE_ID:
+            raise CapacityError(f"sampling session {sampler_id!r} has had {MAX_CLONE_ID} "
+                                "clients; create a new one")
+        return clone
 
     def for_session(self, session_id: str) -> list[SamplerRecord]:
         rows = self._db.query("SELECT * FROM samplers WHERE session_id = ? ORDER BY created_at",

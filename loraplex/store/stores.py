@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from loraplex.errors import StorageError
 from loraplex.store import (
     checkpoints,
+    custom_losses,
     futures,
     keys,
     run_metrics,
@@ -40,7 +41,7 @@ from loraplex.store.disk import storage_error
 DATABASE_FILE = "loraplex.sqlite3"
 SCHEMAS = (keys.SCHEMA, sessions.SCHEMA, runs.SCHEMA, checkpoints.SCHEMA, samplers.SCHEMA,
            sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA,
-           run_metrics.SCHEMA)
+           run_metrics.SCHEMA, custom_losses.SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Stores:
     usage: usage.UsageStore
     run_metrics: run_metrics.RunMetricsStore
     archive_dir: str
+    custom_losses: custom_losses.CustomLossStore
     secret: bytes
 
     def close(self) -> None:
@@ -102,6 +104,7 @@ def _open(data_dir: str) -> Stores:
             usage=usage.UsageStore(db),
             run_metrics=run_metrics.RunMetricsStore(db),
             archive_dir=os.path.join(data_dir, "archives"),
+            custom_losses=custom_losses.CustomLossStore(db),
             secret=_load_or_create_secret(os.path.join(data_dir, "server_secret")),
         )
     except BaseException:

@@ -45,7 +45,8 @@ def test_bad_training_inputs_fail_their_future_and_the_client_continues(
     non_finite = [datum([2, 3, 4], weight=float("nan"))]
     user_failure(trainer.forward_backward(non_finite, "cross_entropy"),
                  r"data\[0\]\.loss_fn_inputs\.weights\[0\].*non-finite")
-    user_failure(trainer.forward_backward(DATA, "custom"), r"loss_fn.*'custom'")
+    user_failure(trainer.forward_backward(DATA, "custom"), r"loss_fn_config: a custom loss")
+    user_failure(trainer.forward_backward(DATA, "no_such_loss"), r"loss_fn.*'no_such_loss'")
     user_failure(trainer.optim_step(types.AdamParams(learning_rate=-1.0)),
                  r"adam_params\.learning_rate")
     image = types.Datum(

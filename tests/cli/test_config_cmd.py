@@ -49,3 +49,11 @@ def test_show_reports_a_bad_config_as_an_error(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("LORAPLEX_ENGINE_KV_CACHE_BLOCKS", "lots")
     assert main(["config", "show"]) == 2
     assert "LORAPLEX_ENGINE_KV_CACHE_BLOCKS" in capsys.readouterr().err
+
+
+def test_show_never_prints_the_jwt_issuer_key(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    secret = "s3cret-" + "k" * 40
+    monkeypatch.setenv("LORAPLEX_SERVER_JWT_ISSUER_KEY", secret)
+    lines = _show(capsys) + _show(capsys, "--json")
+    assert secret not in lines and "<secret: 47 characters>" in lines

@@ -17,8 +17,9 @@ import httpx
 MAX_EXAMPLES_PER_FINDING = 3
 
 
-def response_problem(status: int, body: bytes) -> str | None:
-    """Why a response breaks the contract, or None."""
+def response_problem(status: int, body: bytes, openai: bool = False) -> str | None:
+    """Why a response breaks the contract, or None (``openai``: a ``/v1/`` route, whose 4xx
+    bodies are OpenAI's ``{"error": {"message", "type", ...}}``)."""
     if status >= 500:
         return f"HTTP {status}"
     if 400 <= status < 500:
@@ -28,8 +29,11 @@ def response_problem(status: int, body: bytes) -> str | None:
             return f"HTTP {status} without a JSON body"
         if not isinstance(payload, dict):
             return f"HTTP {status} with a JSON {type(payload).__name__}, not an object"
-        missing = [k for k in ("error", "detail")
-                   if not isinstance(payload.get(k), str) or not payload[k]]
+        if openai:
+            error = payload.get("error")
+            payload = error if isinstance(error, dict) else {}
+        keys = ("message", "type") if openai else ("error", "detail")
+        missing = [k for k in keys if not isinstance(payload.get(k), str) or not payload[k]]
         if missing:
             return f"HTTP {status} whose JSON body lacks {missing}"
     return None
@@ -66,7 +70,7 @@ class Findings:
         self.num_requests += 1
         counts = self.statuses.setdefault(operation, {})
         counts[status] = counts.get(status, 0) + 1
-        problem = response_problem(status, body)
+        problem = response_problem(status, body, openai=" /v1/" in operation)
         if problem is not None:
             self.add(operation, problem, f"{example()}\n      -> {status} {body[:400]!r}")
         return problem is None

@@ -8,18 +8,40 @@ from typing import Any
 from fastapi import APIRouter, Request
 from tinker import types as sdk
 
-from loraplex.api.auth import Tenant
+from loraplex.api.auth import KeyHolder, Tenant
 from loraplex.api.body import read_body
 from loraplex.api.context import ctx_of
+from loraplex.api.jwt_tokens import JwtIssuer
 from loraplex.config import LimitsConfig
+from loraplex.errors import NotFoundError
 
 router = APIRouter(prefix="/api/v1")
 
 
+SERVER_FEATURES: dict[str, Any] = {
+    "custom_loss_server_side": True,
+    "sample_use_retrieve_futures": True,
+    "sample_join_sampling_session": True,
+}
+"""The SDK 0.38 features this server implements (off in the SDK's defaults); ``client_config``
+in the server config may switch them off again."""
+
+
 @router.post("/client/config")
 async def client_config(request: Request) -> dict[str, Any]:
-    """All defaults, plus the server's overrides (chunk sizes, ordering, transport)."""
-    return dict(ctx_of(request).config.client_config)
+    """The server's features, plus its overrides (chunk sizes, ordering, transport)."""
+    jwt = {"pjwt_auth_enabled": request.app.state.jwt_issuer is not None}
+    return {**SERVER_FEATURES, **jwt, **ctx_of(request).config.client_config}
+
+
+@router.post("/auth/token")
+async def auth_token(request: Request, caller: KeyHolder) -> dict[str, str]:
+    """JWT mode: the API key's principal as a short-lived JWT (404 when JWT mode is off)."""
+    issuer: JwtIssuer | None = request.app.state.jwt_issuer
+    if issuer is None:
+        raise NotFoundError("/api/v1/auth/token: JWT mode is off on this server (API keys "
+                            "only)")
+    return {"jwt": issuer.issue(caller)}
 
 
 @router.post("/client/dynamic_config")

@@ -17,6 +17,7 @@ from loraplex.api.errors import failure_json
 from loraplex.api.longpoll import wait_until_done
 from loraplex.domain.ops import (
     CheckpointSaved,
+    CustomLossCreated,
     ModelCreated,
     Sampled,
     SamplerSnapshotReady,
@@ -71,6 +72,8 @@ def render(entry: FutureEntry) -> Response:
         case SamplerSnapshotReady():
             return JSONResponse({"type": "save_weights_for_sampler",
                                  "sampling_session_id": result.sampling_session_id})
+        case CustomLossCreated():
+            return JSONResponse({"type": "create_custom_loss", "loss_id": result.loss_id})
         case WeightsLoaded():
             return JSONResponse({"type": "load_weights", "model_id": result.model_id,
                                  "path": result.path})

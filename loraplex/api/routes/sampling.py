@@ -8,15 +8,17 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
+from tinker import types as sdk
 
 from loraplex.api import convert, schemas
 from loraplex.api.access import checkpoint_adapter_id, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
+from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.submission import new_request_id
 from loraplex.domain import ids
-from loraplex.domain.ops import SampleOp, WorkItem
+from loraplex.domain.ops import Admitted, SampleOp, WorkItem
 from loraplex.domain.tokens import check_token_range
 from loraplex.domain.work import SampleWork
 from loraplex.errors import user_error
@@ -25,12 +27,16 @@ from loraplex.store.samplers import SamplerRecord, new_record
 
 router = APIRouter(prefix="/api/v1")
 
+CLONE_SEQ_IDS = 1_000_000_000
+"""A cloned SamplingClient's seq ids are clone × 10⁹ + n (the SDK's layout): its feed for
+``retrieve_futures`` is ``seq_id // CLONE_SEQ_IDS``."""
+
 
 def _binding(ctx: ServerContext, tenant: str, *, base_model: str | None,
-             model_path: str | None) -> dict[str, Any]:
+             model_path: str | None, field: str = "model_path") -> dict[str, Any]:
     """Sampler fields for sampling ``model_path`` (a readable checkpoint) or a bare base."""
     if model_path is not None:
-        record, run = readable_checkpoint(ctx, tenant, model_path, "model_path")
+        record, run = readable_checkpoint(ctx, tenant, model_path, field)
         served = ctx.catalog.get(base_model or run.base_model, "base_model")
         return dict(base_model=served.name, model_path=model_path, source="checkpoint",
                     model_id=None, adapter_id=checkpoint_adapter_id(record),
@@ -67,7 +73,32 @@ async def get_sampler(sampler_id: str, request: Request, tenant: Tenant) -> dict
 @router.post("/asample")
 async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, schemas.SampleRequest)
-    sampler = _sampler_for(ctx, tenant, body)
+    admitted = submit_sample(ctx, tenant, body, sampler_for(ctx, tenant, body))
+    if body.sampling_session_id is not None and body.seq_id is not None:
+        feeds: CompletionFeeds = request.app.state.completion_feeds
+        feeds.watch((tenant, body.sampling_session_id, body.seq_id // CLONE_SEQ_IDS),
+                    admitted.request_id)
+    return {"request_id": admitted.request_id,
+            "sample_sequence_ids": list(admitted.sample_sequence_ids)}
+
+
+def sample_request(tokens: list[int], num_samples: int, params: sdk.SamplingParams,
+                   topk_sample_logprobs: int) -> schemas.SampleRequest:
+    """The ``asample`` body that asks for what the OpenAI-compatible routes ask for."""
+    return schemas.SampleRequest(num_samples=num_samples, prompt=sdk.ModelInput.from_ints(tokens),
+                                 sampling_params=params,
+                                 topk_sample_logprobs=topk_sample_logprobs)
+
+
+def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
+                  sampler: SamplerRecord) -> Admitted:
+    """Validate ``body`` and queue it on ``sampler``'s model: the one path every sample takes
+    (``asample`` and the OpenAI-compatible routes), so equal requests sample equally.
+
+    Raises:
+        UserError: a bad field (nothing is queued); CapacityError: the tenant is over its
+            sampling limits (HTTP 429).
+    """
     served = ctx.catalog.get(sampler.base_model)
     request_id = new_request_id()
     work = _sample_work(body, served, sampler, request_id)
@@ -78,9 +109,7 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
                   record_for_session=sampler.session_id if body.record_stability_info else None,
                   base_model=served.name, usage_run_id=_usage_run(sampler))
     item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
-    admitted = served.lanes.submit(item, sequence_ids)
-    return {"request_id": admitted.request_id,
-            "sample_sequence_ids": list(admitted.sample_sequence_ids)}
+    return served.lanes.submit(item, sequence_ids)
 
 
 def _usage_run(sampler: SamplerRecord) -> str | None:
@@ -90,19 +119,37 @@ def _usage_run(sampler: SamplerRecord) -> str | None:
     return ids.TinkerPath.parse(sampler.model_path).run_id if sampler.model_path else None
 
 
-def _sampler_for(ctx: ServerContext, tenant: str, body: schemas.SampleRequest) -> SamplerRecord:
+def sampler_for(ctx: ServerContext, tenant: str, body: schemas.SampleRequest) -> SamplerRecord:
+    """The sampler ``body`` names: its sampling session, else its model_path or base model."""
     if body.sampling_session_id is not None:
-        record = ctx.stores.samplers.get(body.sampling_session_id, tenant)
-        if record.source != "checkpoint" or record.model_path is None:
-            return record
-        # Checked on every sample: a checkpoint deleted, unpublished (for other tenants) or
-        # replaced since the session was made is not sampled from its old weights.
-        binding = _binding(ctx, tenant, base_model=record.base_model,
-                           model_path=record.model_path)
-        return replace(record, adapter_id=binding["adapter_id"],
-                       adapter_dir=binding["adapter_dir"])
+        return session_sampler(ctx, tenant, body.sampling_session_id)
     binding = _binding(ctx, tenant, base_model=body.base_model, model_path=body.model_path)
     return new_record(sampler_id="", tenant=tenant, session_id="", **binding)
+
+
+def base_sampler(ctx: ServerContext, tenant: str, base_model: str, field: str) -> SamplerRecord:
+    """An unsaved sampler of the bare base model ``base_model`` (a served name)."""
+    ctx.catalog.get(base_model, field)
+    binding = _binding(ctx, tenant, base_model=base_model, model_path=None)
+    return new_record(sampler_id="", tenant=tenant, session_id="", **binding)
+
+
+def path_sampler(ctx: ServerContext, tenant: str, model_path: str, field: str) -> SamplerRecord:
+    """An unsaved sampler of a readable checkpoint (what ``asample`` with model_path uses)."""
+    binding = _binding(ctx, tenant, base_model=None, model_path=model_path, field=field)
+    return new_record(sampler_id="", tenant=tenant, session_id="", **binding)
+
+
+def session_sampler(ctx: ServerContext, tenant: str, sampler_id: str,
+                    field: str = "sampling_session_id") -> SamplerRecord:
+    """The caller's sampling session ``sampler_id`` (another tenant's: NotFoundError)."""
+    record = ctx.stores.samplers.get(sampler_id, tenant, field)
+    if record.source != "checkpoint" or record.model_path is None:
+        return record
+    # Checked on every sample: a checkpoint deleted, unpublished (for other tenants) or
+    # replaced since the session was made is not sampled from its old weights.
+    binding = _binding(ctx, tenant, base_model=record.base_model, model_path=record.model_path)
+    return replace(record, adapter_id=binding["adapter_id"], adapter_dir=binding["adapter_dir"])
 
 
 def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: SamplerRecord,

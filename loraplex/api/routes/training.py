@@ -20,8 +20,10 @@ from loraplex.api.submission import (
     submit_training,
     training_slot,
 )
+from loraplex.domain.custom_loss import CUSTOM_LOSS_FN
 from loraplex.domain.ops import RequestKind
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.errors import user_error
 
 router = APIRouter(prefix="/api/v1")
 
@@ -42,6 +44,8 @@ def forward_backward_op(ctx: ServerContext, slot: TrainingSlot, body: codec.Forw
     """Validate the datums against the served model; resolve stable_reinforce provenance."""
     if body.problem is not None:
         raise body.problem
+    if body.loss_fn == CUSTOM_LOSS_FN:
+        return custom_work(ctx, slot, body)
     loss_fn = convert.loss_fn_name(body.loss_fn)
     convert.check_datums(body.data, slot.live.served.info)
     data = body.data
@@ -50,6 +54,21 @@ def forward_backward_op(ctx: ServerContext, slot: TrainingSlot, body: codec.Forw
     return ForwardBackwardWork(request_id=slot.request_id, adapter_id=slot.model_id, data=data,
                                loss_fn=loss_fn, loss_fn_config=body.loss_fn_config,
                                forward_only=body.forward_only)
+
+
+def custom_work(ctx: ServerContext, slot: TrainingSlot, body: codec.ForwardBackwardBody
+                ) -> ForwardBackwardWork:
+    """A forward_backward of an uploaded loss: ``loss_fn_config`` is ``{"loss_id": ...}``, a
+    loss of this training run's session (anything else fails the future as not found)."""
+    config = dict(body.loss_fn_config)
+    loss_id = config.pop("loss_id", None)
+    if not isinstance(loss_id, str) or config:
+        raise user_error("loss_fn_config", "a custom loss takes exactly {'loss_id': <str>}")
+    loss = ctx.stores.custom_losses.get(loss_id, slot.live.run.tenant, slot.live.run.session_id)
+    convert.check_datums(body.data, slot.live.served.info, aligned=False)
+    return ForwardBackwardWork(request_id=slot.request_id, adapter_id=slot.model_id,
+                               data=body.data, loss_fn=CUSTOM_LOSS_FN, loss_fn_config={},
+                               forward_only=body.forward_only, custom_loss=loss)
 
 
 @router.post("/optim_step")

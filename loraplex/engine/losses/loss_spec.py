@@ -25,7 +25,8 @@ class LossOutput:
     Attributes:
         loss: scalar, the sum over all datums and tokens; carries autograd to ``logprobs``.
         elementwise_loss_T: detached float32 ``[T]`` per-position loss (summed over K for
-            top-K cross-entropy); ``elementwise_loss_T.sum() == loss``.
+            top-K cross-entropy); ``elementwise_loss_T.sum() == loss``, except for uploaded
+            custom losses, which are not per position (zeros).
         metrics: ``name:reduction`` → detached 0-d tensor; ``loss:sum`` always present.
     """
 
@@ -38,7 +39,8 @@ class LossOutput:
         names = list(self.metrics)
         if not names:
             return {}
-        values = torch.stack([self.metrics[n].detach().float().reshape(()) for n in names])
+        # float64: exact for float32 metrics, and keeps the custom losses' float64 sums.
+        values = torch.stack([self.metrics[n].detach().double().reshape(()) for n in names])
         return dict(zip(names, values.tolist(), strict=True))
 
 

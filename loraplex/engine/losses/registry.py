@@ -2,8 +2,8 @@
 The names are `loraplex.domain.losses.LOSS_FN_NAMES` (the one list): importing this module
 fails if a spec is missing for a name or registered under one that is not there.
 
-``custom`` (Tinker's flag-gated server-side uploaded losses) is not offered; clients use
-``forward_backward_custom``, which reaches the server as ``cross_entropy`` with weights.
+``custom`` (SDK 0.38's uploaded losses) is not a registry entry: its function is the client's
+graph, rebuilt per request by `custom_graph.validate_custom`.
 """
 
 from __future__ import annotations

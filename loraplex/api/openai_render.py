@@ -1,0 +1,164 @@
+"""Sample results → OpenAI response bodies and stream chunks (completions and chat).
+
+A completion is cut before the first stop string it contains (OpenAI returns text without the
+stop string; Tinker keeps the tokens that produced it), and a final EOS token is not shown. The
+tokens dropped that way still count in ``usage.completion_tokens``: they were sampled and are
+metered. Knows nothing of HTTP or the scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from loraplex.api.openai_text import ModelText
+from loraplex.domain.sampling import SampledSequence, SampleResult, TopkLogprobs
+
+Kind = Literal["completion", "chat"]
+SENTINEL_LOGPROB = -99999.0
+"""What an empty top-k slot carries (the SDK's sentinel)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One completion as OpenAI shows it.
+
+    Attributes:
+        pieces: the text each shown token adds (the last one cut at a stop string).
+        topk_k: alternatives per token asked for (None: no logprobs asked).
+    """
+
+    index: int
+    tokens: list[int]
+    pieces: list[str]
+    logprobs: list[float]
+    topk: list[list[tuple[int, float]]] | None
+    topk_k: int | None
+    finish_reason: str
+    num_sampled: int
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def choices(results: Sequence[SampleResult], text: ModelText, eos: Sequence[int],
+            stops: list[str] | None, topk_k: int | None) -> list[Choice]:
+    """The choices of one request, prompt-major (``index = prompt * n + sample``)."""
+    out: list[Choice] = []
+    for result in results:
+        for seq in result.sequences:
+            out.append(_choice(len(out), seq, text, eos, stops, topk_k))
+    return out
+
+
+def _choice(index: int, seq: SampledSequence, text: ModelText, eos: Sequence[int],
+            stops: list[str] | None, topk_k: int | None) -> Choice:
+    tokens = list(seq.tokens)
+    shown = len(tokens) - 1 if seq.stop_reason == "stop" and tokens and tokens[-1] in eos \
+        else len(tokens)
+    pieces = text.text_deltas(tokens[:shown])
+    full = "".join(pieces)
+    cut = min((at for at in (full.find(s) for s in stops or ()) if at >= 0), default=-1)
+    if seq.stop_reason == "stop" and cut >= 0:
+        pieces, shown = _clip(pieces, cut)
+    topk = _rows(seq.topk_logprobs, shown) if seq.topk_logprobs is not None else None
+    return Choice(index, tokens[:shown], pieces[:shown], list(seq.logprobs[:shown]), topk,
+                  topk_k, "stop" if seq.stop_reason == "stop" else "length", len(tokens))
+
+
+def _rows(topk: TopkLogprobs, shown: int) -> list[list[tuple[int, float]]]:
+    """The flat ``[length, k]`` alternatives as rows, sentinel slots dropped."""
+    k = topk.k
+    return [[(int(t), float(lp)) for t, lp in zip(topk.token_ids[i * k:(i + 1) * k],
+                                                  topk.logprobs[i * k:(i + 1) * k], strict=True)
+             if lp > SENTINEL_LOGPROB]
+            for i in range(min(shown, topk.length))]
+
+
+def _clip(pieces: list[str], cut: int) -> tuple[list[str], int]:
+    """The pieces up to text offset ``cut``: the tokens before it, the one it falls in cut."""
+    kept: list[str] = []
+    at = 0
+    for piece in pieces:
+        if at >= cut:
+            break
+        kept.append(piece[:cut - at])
+        at += len(piece)
+    return kept, len(kept)
+
+
+def usage(prompt_lengths: Sequence[int], n: int, made: Sequence[Choice]) -> dict[str, int]:
+    prompt = sum(prompt_lengths) * n
+    completion = sum(c.num_sampled for c in made)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def body(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText,
+         counts: dict[str, int], with_token_ids: bool) -> dict[str, Any]:
+    """A whole (non-streamed) response."""
+    rendered = [_choice_json(kind, c, text, with_token_ids) for c in made]
+    return {**head, "object": "text_completion" if kind == "completion" else "chat.completion",
+            "choices": rendered, "usage": counts}
+
+
+def _choice_json(kind: Kind, c: Choice, text: ModelText, with_token_ids: bool
+                 ) -> dict[str, Any]:
+    logprobs = None if c.topk_k is None else _logprobs(kind, c, text, range(len(c.tokens)))
+    out: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
+                           "logprobs": logprobs}
+    if kind == "completion":
+        out["text"] = c.text
+    else:
+        out["message"] = {"role": "assistant", "content": c.text}
+    if with_token_ids:  # vLLM's ``return_token_ids`` extension
+        out["token_ids"] = c.tokens
+    return out
+
+
+def chunks(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText,
+           counts: dict[str, int] | None) -> Iterator[dict[str, Any]]:
+    """The stream: per choice a role chunk (chat), one chunk per shown token, a chunk with
+    the finish reason; then the usage chunk when asked for."""
+    obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+    for c in made:
+        if kind == "chat":
+            yield {**head, "object": obj, "choices": [
+                {"index": c.index, "delta": {"role": "assistant", "content": ""},
+                 "logprobs": None, "finish_reason": None}]}
+        for i, piece in enumerate(c.pieces):
+            logprobs = None if c.topk_k is None else _logprobs(kind, c, text, [i])
+            part = {"text": piece} if kind == "completion" else {"delta": {"content": piece}}
+            yield {**head, "object": obj, "choices": [
+                {"index": c.index, **part, "logprobs": logprobs, "finish_reason": None}]}
+        end: dict[str, Any] = {"text": ""} if kind == "completion" else {"delta": {}}
+        yield {**head, "object": obj, "choices": [
+            {"index": c.index, **end, "logprobs": None, "finish_reason": c.finish_reason}]}
+    if counts is not None:
+        yield {**head, "object": obj, "choices": [], "usage": counts}
+
+
+def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int]
+              ) -> dict[str, Any]:
+    alternatives = [[] if c.topk is None else c.topk[i][:c.topk_k] for i in positions]
+    if kind == "chat":
+        content = [{**_entry(text, c.tokens[i], c.logprobs[i]),
+                    "top_logprobs": [_entry(text, t, lp) for t, lp in alts]}
+                   for i, alts in zip(positions, alternatives, strict=True)]
+        return {"content": content, "refusal": None}
+    offsets, at = [], sum(len(p) for p in c.pieces[:positions[0]]) if positions else 0
+    for i in positions:
+        offsets.append(at)
+        at += len(c.pieces[i])
+    return {"tokens": [text.token_text(c.tokens[i]) for i in positions],
+            "token_logprobs": [c.logprobs[i] for i in positions],
+            "top_logprobs": ([{text.token_text(t): lp for t, lp in alts} for alts in alternatives]
+                             if c.topk_k else None),
+            "text_offset": offsets}
+
+
+def _entry(text: ModelText, token: int, logprob: float) -> dict[str, Any]:
+    piece = text.token_text(token)
+    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}

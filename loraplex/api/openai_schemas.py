@@ -1,0 +1,153 @@
+"""Request bodies of the OpenAI-compatible routes (``/v1/completions``, ``/v1/chat/completions``),
+named and shaped as OpenAI's API reference names them.
+
+Fields the server cannot honour (``echo``, penalties, ``logit_bias``, ``best_of``, tools) are
+rejected with a 400 naming the field rather than silently ignored; unknown extra fields are
+ignored, as OpenAI-compatible servers do. Knows nothing of tokenizers or the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loraplex.errors import user_error
+
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's own bound for ``top_logprobs`` (and for ``logprobs`` of legacy completions)."""
+
+MAX_N = 128
+"""Most choices per prompt (the sampler's ``num_samples`` bound)."""
+
+MAX_STOP = 4
+"""Most stop strings, as OpenAI allows."""
+
+MAX_PROMPTS = 64
+"""Most prompts in one ``/v1/completions`` request (each is one sample request)."""
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    """Not OpenAI's; vLLM's extension (``extra_body``), -1 disables."""
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    return_token_ids: bool = False
+    """vLLM's extension: each choice also carries its ``token_ids``."""
+
+    def stop_strings(self) -> list[str] | None:
+        """None: stop at EOS only; otherwise these strings, then EOS."""
+        if self.stop is None:
+            return None
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        if len(stops) > MAX_STOP or not all(stops):
+            raise user_error("stop", f"at most {MAX_STOP} non-empty strings")
+        return stops or None
+
+    def check_supported(self) -> None:
+        """Raises UserError naming a field this server does not implement."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise user_error(name, "not supported by this server (use 0 or leave it out)")
+        if self.logit_bias:
+            raise user_error("logit_bias", "not supported by this server")
+
+    @property
+    def include_usage_chunk(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``. ``prompt``: text, token ids, or a list of either."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if isinstance(self.prompt, list) and self.prompt and \
+                not isinstance(self.prompt[0], int) and len(self.prompt) > MAX_PROMPTS:
+            raise user_error("prompt", f"at most {MAX_PROMPTS} prompts per request")
+        if self.echo:
+            raise user_error("echo", "not supported by this server")
+        if self.best_of not in (None, self.n):
+            raise user_error("best_of", "not supported by this server (leave it out)")
+        if self.suffix:
+            raise user_error("suffix", "not supported by this server")
+
+
+class ChatMessage(BaseModel):
+    """One message; ``content`` as text or as a list of ``{"type": "text", "text": ...}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self, field: str) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for i, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise user_error(f"{field}.content[{i}]", "only text parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, str | bool | int | float] | None = Field(default=None,
+                                                                            max_length=16)
+    """vLLM's extension: extra chat-template variables (e.g. ``enable_thinking``)."""
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools:
+            raise user_error("tools", "tool calling is not supported by this server")
+        if self.response_format not in (None, {"type": "text"}):
+            raise user_error("response_format", "only {'type': 'text'} is supported")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise user_error("top_logprobs", "needs logprobs: true")
+
+    @property
+    def completion_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None \
+            else self.max_tokens
+
+
+OpenAIRequest = CompletionRequest | ChatCompletionRequest

@@ -1,0 +1,164 @@
+"""OpenAI-compatible sampling: ``POST /v1/completions`` and ``POST /v1/chat/completions``.
+
+``model`` names what to sample: a ``tinker://…/sampler_weights/…`` path the caller may read, one
+of the caller's sampling sessions (``{session}:sample:{n}``), or a served base model. Text is
+tokenized with the served model's tokenizer (chat: its chat template); each prompt then goes
+through `sampling.submit_sample`, the path Tinker's ``asample`` takes, so the same seed and
+parameters give the same tokens and logprobs, metered as samples. ``stream`` answers
+server-sent events ending in ``data: [DONE]``; the engine returns a completion whole, so the
+events of a completion are sent once it is sampled, one per token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from tinker import types as sdk
+
+from loraplex.api import openai_render, openai_schemas
+from loraplex.api.auth import Tenant
+from loraplex.api.body import parse_body
+from loraplex.api.context import ServerContext
+from loraplex.api.longpoll import wait_until_done
+from loraplex.api.openai_render import Kind
+from loraplex.api.openai_schemas import OpenAIRequest
+from loraplex.api.openai_text import ModelText, ModelTexts
+from loraplex.api.routes.sampling import (
+    base_sampler,
+    path_sampler,
+    sample_request,
+    session_sampler,
+    submit_sample,
+)
+from loraplex.domain.ids import TINKER_SCHEME, TinkerPath
+from loraplex.domain.ops import Sampled
+from loraplex.domain.sampling import SampleResult
+from loraplex.errors import NotFoundError, ServerError, user_error
+from loraplex.scheduler.catalog import ServedModel
+from loraplex.store.samplers import SamplerRecord
+
+router = APIRouter(prefix="/v1")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request's ``model`` resolves to."""
+
+    sampler: SamplerRecord
+    served: ServedModel
+    text: ModelText
+
+
+@router.post("/completions")
+async def completions(request: Request, tenant: Tenant) -> Response:
+    ctx, body = await parse_body(request, openai_schemas.CompletionRequest)
+    body.check_supported()
+    target = resolve(request, ctx, tenant, body.model)
+    prompts = _completion_prompts(body.prompt, target.text)
+    return await _respond(request, ctx, tenant, "completion", body, target, prompts,
+                          body.max_tokens, body.logprobs)
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, tenant: Tenant) -> Response:
+    ctx, body = await parse_body(request, openai_schemas.ChatCompletionRequest)
+    body.check_supported()
+    target = resolve(request, ctx, tenant, body.model)
+    messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
+                for i, m in enumerate(body.messages)]
+    prompt = target.text.chat_prompt(messages, body.chat_template_kwargs)
+    topk = (body.top_logprobs or 0) if body.logprobs else None
+    return await _respond(request, ctx, tenant, "chat", body, target, [prompt],
+                          body.completion_budget, topk)
+
+
+def resolve(request: Request, ctx: ServerContext, tenant: str, model: str) -> Target:
+    """``model`` → the sampler, its served model and tokenizer.
+
+    Raises:
+        NotFoundError: no such model, session or checkpoint for this caller (HTTP 404).
+    """
+    if model.startswith(TINKER_SCHEME):
+        if TinkerPath.parse(model, "model").kind != "sampler_weights":
+            raise user_error("model", "expected a tinker://…/sampler_weights/… path")
+        sampler = path_sampler(ctx, tenant, model, "model")
+    elif ":sample:" in model:
+        sampler = session_sampler(ctx, tenant, model, "model")
+    elif model in {m.name for m in ctx.catalog}:
+        sampler = base_sampler(ctx, tenant, model, "model")
+    else:
+        raise NotFoundError(f"model: no model {model!r} (GET /v1/models lists them)",
+                            field="model")
+    served = ctx.catalog.get(sampler.base_model, "model")
+    texts: ModelTexts = request.app.state.model_texts
+    return Target(sampler, served, texts.of(served))
+
+
+def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
+                        text: ModelText) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [text.encode(prompt)]
+    if not prompt:
+        raise user_error("prompt", "empty")
+    if all(isinstance(p, str) for p in prompt):
+        return [text.encode(p) for p in prompt]  # type: ignore[arg-type]
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return [list(p) for p in prompt]  # type: ignore[arg-type]
+
+
+async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind,
+                   body: OpenAIRequest, target: Target,
+                   prompts: list[list[int]], max_tokens: int | None, topk: int | None
+                   ) -> Response:
+    stops = body.stop_strings()
+    params = sdk.SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
+                                top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stops)
+    request_ids = []
+    for i, tokens in enumerate(prompts):  # all queued first, so they can share a batch
+        field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not tokens:
+            raise user_error(field, "empty prompt")
+        sample = sample_request(tokens, body.n, params, topk or 0)
+        request_ids.append(submit_sample(ctx, tenant, sample, target.sampler).request_id)
+    results = [await _result(ctx, tenant, rid) for rid in request_ids]
+    made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,
+                                 stops, topk)
+    counts = openai_render.usage([len(p) for p in prompts], body.n, made)
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": body.model}
+    if body.stream:
+        chunks = openai_render.chunks(kind, head, made, target.text,
+                                      counts if body.include_usage_chunk else None)
+        return StreamingResponse(_events(chunks), media_type="text/event-stream")
+    return JSONResponse(openai_render.body(kind, head, made, target.text, counts,
+                                           body.return_token_ids))
+
+
+async def _result(ctx: ServerContext, tenant: str, request_id: str) -> SampleResult:
+    """Wait for a sample's future; a failed one raises its error (OpenAI-shaped by the
+    error handlers)."""
+    entry = ctx.futures.get(request_id, tenant)
+    while not entry.is_done:
+        await wait_until_done(ctx.futures, request_id, ctx.config.long_poll_s)
+        entry = ctx.futures.get(request_id, tenant)
+    ctx.futures.mark_fetched(request_id)
+    if entry.error is not None:
+        raise entry.error.detached()
+    if not isinstance(entry.result, Sampled):
+        raise ServerError(f"future {request_id} holds no sample")
+    return entry.result.result
+
+
+async def _events(chunks: Any) -> AsyncIterator[str]:
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,172 @@
+"""The OpenAI-compatible routes driven by the official ``openai`` client (sync, async,
+streaming) against the live server, checked against the Tinker SDK's own ``sample`` (same
+seed and parameters → the same tokens and logprobs) and transformers' tokenizer and
+``apply_chat_template`` (the prompt tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import tinker
+from tinker import types
+from transformers import AutoTokenizer
+
+from tests.api.conftest import MODEL, Server, engine_only
+from tests.api.test_training import ADAM, DATA
+from tests.api.test_usage import usage
+
+pytestmark = engine_only  # needs the served model's tokenizer
+
+Make = Callable[..., tinker.ServiceClient]
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hello to the world."}]
+
+
+def client(server: Server, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0,
+                         http_client=httpx.Client(trust_env=False, timeout=60))
+
+
+def hf_tokenizer(server: Server) -> Any:
+    return AutoTokenizer.from_pretrained(server.ctx.catalog.get(MODEL).model_dir)
+
+
+def tinker_sample(sampler: tinker.SamplingClient, tokens: list[int], n: int,
+                  **params: Any) -> types.SampleResponse:
+    return sampler.sample(types.ModelInput.from_ints(tokens), n,
+                          types.SamplingParams(**params)).result()
+
+
+def test_completions_sample_what_tinker_samples(server: Server, service_client: Make,
+                                                new_key: Callable[[], str]) -> None:
+    key = new_key()
+    prompt = "def add(a, b):"
+    out = client(server, key).completions.create(
+        model=MODEL, prompt=prompt, n=3, max_tokens=7, temperature=0.9, top_p=0.95, seed=5,
+        logprobs=2, extra_body={"return_token_ids": True})
+    tokens = hf_tokenizer(server)(prompt).input_ids
+    reference = tinker_sample(service_client(key).create_sampling_client(base_model=MODEL).result(),
+                              tokens, 3, max_tokens=7, temperature=0.9, top_p=0.95, seed=5)
+    assert len(out.choices) == 3 and out.object == "text_completion"
+    for choice, seq in zip(out.choices, reference.sequences, strict=True):
+        shown = choice.model_extra["token_ids"]
+        assert shown == seq.tokens[: len(shown)] and len(shown) >= len(seq.tokens) - 1
+        assert choice.logprobs.token_logprobs == seq.logprobs[: len(shown)], "bitwise"
+        assert all(len(alts) == 2 for alts in choice.logprobs.top_logprobs)
+        assert choice.finish_reason == ("length" if seq.stop_reason == "length" else "stop")
+    assert out.usage.prompt_tokens == 3 * len(tokens)
+    assert out.usage.completion_tokens == sum(len(s.tokens) for s in reference.sequences)
+
+
+def test_chat_on_a_trained_checkpoint_matches_tinker_and_the_chat_template(
+    server: Server, service_client: Make, new_key: Callable[[], str]
+) -> None:
+    key = new_key()
+    tc = service_client(key).create_lora_training_client(base_model=MODEL, rank=4).result()
+    tc.forward_backward(DATA, "cross_entropy")
+    tc.optim_step(ADAM).result()
+    path = tc.save_weights_for_sampler("chat").result().path
+    oai = client(server, key)
+    assert path in [m.id for m in oai.models.list().data]
+    out = oai.chat.completions.create(model=path, messages=MESSAGES, max_tokens=6, seed=9,
+                                      temperature=0.7, logprobs=True, top_logprobs=3,
+                                      extra_body={"return_token_ids": True})
+    tokens = hf_tokenizer(server).apply_chat_template(MESSAGES, add_generation_prompt=True,
+                                                      tokenize=True, return_dict=False)
+    sampler = service_client(key).create_sampling_client(model_path=path).result()
+    seq = tinker_sample(sampler, tokens, 1, max_tokens=6, seed=9, temperature=0.7).sequences[0]
+    choice = out.choices[0]
+    shown = choice.model_extra["token_ids"]
+    assert shown == seq.tokens[: len(shown)] and out.usage.prompt_tokens == len(tokens)
+    assert choice.message.role == "assistant"
+    assert [e.logprob for e in choice.logprobs.content] == seq.logprobs[: len(shown)]
+    assert all(len(e.top_logprobs) == 3 for e in choice.logprobs.content)
+    base = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, seed=9,
+                                       temperature=0.7, logprobs=True)
+    assert [e.logprob for e in base.choices[0].logprobs.content] != \
+        [e.logprob for e in choice.logprobs.content], "the adapter is applied"
+
+
+def test_streaming_gives_the_same_text_and_usage(server: Server,
+                                                 new_key: Callable[[], str]) -> None:
+    oai = client(server, new_key())
+    kwargs: dict[str, Any] = dict(model=MODEL, messages=MESSAGES, max_tokens=10, seed=2, n=2)
+    whole = oai.chat.completions.create(**kwargs)
+    pieces: dict[int, str] = {0: "", 1: ""}
+    finish: dict[int, str | None] = {}
+    usage_seen = None
+    for chunk in oai.chat.completions.create(**kwargs, stream=True,
+                                             stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage_seen = chunk.usage
+        for c in chunk.choices:
+            pieces[c.index] += c.delta.content or ""
+            finish[c.index] = c.finish_reason or finish.get(c.index)
+    assert [pieces[i] for i in (0, 1)] == [c.message.content for c in whole.choices]
+    assert [finish[i] for i in (0, 1)] == [c.finish_reason for c in whole.choices]
+    assert usage_seen is not None and usage_seen.total_tokens == whole.usage.total_tokens
+    text = "".join(c.choices[0].text for c in oai.completions.create(
+        model=MODEL, prompt="hello", max_tokens=8, seed=1, stream=True) if c.choices)
+    assert text == oai.completions.create(model=MODEL, prompt="hello", max_tokens=8,
+                                          seed=1).choices[0].text
+    raw = httpx.post(f"{server.url}/v1/completions", trust_env=False, timeout=60,
+                     headers={"Authorization": f"Bearer {new_key()}"},
+                     json={"model": MODEL, "prompt": [2, 3, 4], "max_tokens": 3, "seed": 1,
+                           "stream": True})
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.endswith("data: [DONE]\n\n") and raw.text.count("data: ") == 3 + 1 + 1
+
+
+def test_async_client_and_a_stop_string(server: Server, new_key: Callable[[], str]) -> None:
+    async def run() -> tuple[Any, Any]:
+        oai = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=new_key(),
+                                 max_retries=0,
+                                 http_client=httpx.AsyncClient(trust_env=False, timeout=60))
+        kwargs: dict[str, Any] = dict(model=MODEL, prompt="The cat", max_tokens=12, seed=4,
+                                      extra_body={"return_token_ids": True})
+        free = await oai.completions.create(**kwargs)
+        text = free.choices[0].text
+        stop = next(text[i:i + 2] for i in range(2, len(text) - 1) if text[i:i + 2].strip())
+        cut = await oai.completions.create(**kwargs, stop=[stop])
+        await oai.close()
+        return free, (cut, stop)
+
+    free, (cut, stop) = asyncio.run(run())
+    text = free.choices[0].text
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)], "cut before the stop string"
+    assert stop not in cut.choices[0].text
+
+
+def test_tenancy_errors_and_metering(server: Server, service_client: Make,
+                                     new_key: Callable[[], str]) -> None:
+    owner, other = new_key(), new_key()
+    tc = service_client(owner).create_lora_training_client(base_model=MODEL, rank=4).result()
+    path = tc.save_weights_for_sampler("mine").result().path
+    theirs = client(server, other)
+    assert path not in [m.id for m in theirs.models.list().data]
+    assert MODEL in [m.id for m in theirs.models.list().data]
+    with pytest.raises(openai.NotFoundError) as missing:
+        theirs.completions.create(model=path, prompt="hi", max_tokens=2)
+    assert missing.value.body["param"] == "model"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as unknown:
+        theirs.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    assert unknown.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        theirs.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=3.0)
+    assert bad.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as unsupported:
+        theirs.completions.create(model=MODEL, prompt="hi", max_tokens=2, echo=True)
+    assert unsupported.value.param == "echo"
+    with pytest.raises(openai.AuthenticationError):
+        client(server, "not-a-tml-key").models.list()
+    out = client(server, owner).completions.create(model=path, prompt="hi", max_tokens=3,
+                                                    n=2, seed=1)
+    run = next(r for r in usage(server, owner)["runs"] if r["run_id"] == tc.model_id)
+    assert run["tokens"]["num_sequences"] == 2
+    assert run["tokens"]["sampled_tokens"] == out.usage.completion_tokens
