@@ -7,8 +7,9 @@ curve one point per step and a new one as the run trains (no reload), the operat
 cycles that packed both tenants, no console errors, no key in any URL the page requested, and
 no other tenant's run id anywhere in the page. Then it loads a long history (10,000 cycle
 records, a 5,000-step run) and measures in the page (``performance.now()``) how long each view
-takes to fetch and draw it. Screenshots and the timings go to
-``benchmarks/results/dashboard/``.
+takes to fetch and draw it. Screenshots and the timings go to a temporary directory, or, with
+``LORAPLEX_TEST_DASHBOARD_RESULTS=benchmarks/results/dashboard``, to the committed ones (so a
+plain test run leaves the tree clean).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium"),
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium); .ci/run "
     "installs it")
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "dashboard"
+RESULTS_ENV = "LORAPLEX_TEST_DASHBOARD_RESULTS"
 STEPS = 4
 LONG_CYCLES = 10_000
 LONG_STEPS = 5_000
@@ -155,8 +156,16 @@ class Page:
 
 
 @pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots and render timings go (see the module docstring)."""
+    chosen = os.environ.get(RESULTS_ENV)
+    directory = Path(chosen) if chosen else tmp_path_factory.mktemp("dashboard-results")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    RESULTS.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -166,7 +175,8 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
-def test_tenant_view_shows_own_runs_and_live_curves(tenants: Tenants, browser: Any) -> None:
+def test_tenant_view_shows_own_runs_and_live_curves(tenants: Tenants, browser: Any,
+                                                    results: Path) -> None:
     page = Page(browser)
     page.open(f"{tenants.server.url}/dashboard#key={KEY_A}&poll=400", "tenant")
     p = page.page
@@ -185,7 +195,7 @@ def test_tenant_view_shows_own_runs_and_live_curves(tenants: Tenants, browser: A
     assert "dash-state" in p.locator("#checkpoints-table").inner_text()
     assert "dash-weights" in p.locator("#samplers-table").inner_text()
     assert tenants.run_b not in p.content()
-    p.screenshot(path=str(RESULTS / "tenant.png"), full_page=True)
+    p.screenshot(path=str(results / "tenant.png"), full_page=True)
     page.check_clean(KEY_A)
 
 
@@ -200,8 +210,8 @@ def test_the_login_field_signs_in_another_tenant(tenants: Tenants, browser: Any)
     page.check_clean(KEY_B)
 
 
-def test_operator_view_shows_cycles_that_packed_both_tenants(tenants: Tenants, browser: Any
-                                                             ) -> None:
+def test_operator_view_shows_cycles_that_packed_both_tenants(tenants: Tenants, browser: Any,
+                                                             results: Path) -> None:
     page = Page(browser)
     page.open(f"{tenants.server.url}/dashboard#key={tenants.operator}&view=operator&poll=400",
               "operator")
@@ -213,19 +223,19 @@ def test_operator_view_shows_cycles_that_packed_both_tenants(tenants: Tenants, b
     assert tenant_of(KEY_A) in waits and tenant_of(KEY_B) in waits
     refused = o.locator("#admissions-table tbody").inner_text()
     assert tenant_of(KEY_B) in refused and "in flight" in refused
-    o.screenshot(path=str(RESULTS / "operator.png"), full_page=True)
+    o.screenshot(path=str(results / "operator.png"), full_page=True)
     page.check_clean(tenants.operator)
 
 
-def test_long_histories_render_fast(tenants: Tenants, browser: Any) -> None:
+def test_long_histories_render_fast(tenants: Tenants, browser: Any, results: Path) -> None:
     """Runs last: it adds 10,000 cycle records and a 5,000-step run to the module's server."""
-    timings = long_history(tenants, browser)
-    (RESULTS / "render.json").write_text(json.dumps(timings, indent=2) + "\n")
+    timings = long_history(tenants, browser, results)
+    (results / "render.json").write_text(json.dumps(timings, indent=2) + "\n")
     for view in ("tenant", "operator"):
         assert timings[view]["refresh_ms"] < RENDER_LIMIT_MS, timings
 
 
-def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
+def long_history(tenants: Tenants, browser: Any, results: Path) -> dict[str, Any]:
     """Add 10,000 cycle records and a 5,000-step run; each view's first render, in the page."""
     ctx = tenants.server.ctx
     [(_, scheduler)] = ctx.catalog.get(MODEL).lanes.schedulers()
@@ -257,7 +267,7 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
         return performance.now() - t0; }}""")
     drawn = page.loss_points()
     assert 1000 <= drawn <= 2000  # downsampled by the server: means of a few steps per point
-    p.screenshot(path=str(RESULTS / "tenant_long_history.png"), full_page=True)
+    p.screenshot(path=str(results / "tenant_long_history.png"), full_page=True)
     out["tenant"] = {**state["timings"]["tenant"], "first_refresh_phases": first_phases,
                      "run_select_ms": select_ms, "loss_points_drawn": drawn}
     op = Page(browser)
@@ -269,7 +279,7 @@ def long_history(tenants: Tenants, browser: Any) -> dict[str, Any]:
     redraw_ms = o.evaluate("""() => { const t0 = performance.now();
         window.loraplexDashboard.views.operator.timeline.draw();
         return performance.now() - t0; }""")
-    o.screenshot(path=str(RESULTS / "operator_long_history.png"), full_page=True)
+    o.screenshot(path=str(results / "operator_long_history.png"), full_page=True)
     phases = o.evaluate("window.loraplexDashboard.views.operator.phases")
     out["operator"] = {**state["timings"]["operator"], "timeline_redraw_ms": redraw_ms,
                        "records_drawn": records, "last_refresh_phases": phases}
