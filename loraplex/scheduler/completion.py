@@ -149,7 +149,11 @@ class Completion:
                     self._finish_io(item, read, began, started_at)
                     return
                 with self._s.lock:
-                    self._s.add_install(Install(op.work.adapter_id, read, item))
+                    queued = self._s.add_install(Install(op.work.adapter_id, read, item))
+                if not queued:  # read just before its worker was lost: fail it, retryably
+                    lost = WorkerLostError("the engine worker was lost before this load "
+                                           "was installed; retry it")
+                    self._finish_io(item, lost, began, started_at)
             case (CreateModelOp() | ForwardBackwardWork() | OptimStepWork() | SnapshotOp()
                   | SampleOp() | FailedOp()):
                 raise AssertionError(f"{item.request_id}: {item.kind} has no IO work")

@@ -13,9 +13,11 @@ slow worker never holds back another's.
 A lost worker (`WorkerLostError` from its executor): its lane stops; every op it held fails
 with a retryable error naming the checkpoint its run was restored from; each of its runs is
 placed on a surviving lane and restored from its latest ``save_state`` (weights and optimizer)
-before its next op runs; a run that never saved is gone (its next op is refused with a clear
-error). A replacement worker is started in the background and joins as a new lane once it is
-up. Nothing that a ``save_state`` acknowledged is lost, and no op is applied twice.
+before its next op runs (meanwhile it stays live, and its ops are answered with a retryable
+error, so the SDK resends them with the same seq_ids); a run that never saved is gone (its next
+op is refused with a clear error). A replacement worker is started in the background and
+joins as a new lane once it is up. Nothing that a ``save_state`` acknowledged is lost, and no
+op is applied twice.
 """
 
 from __future__ import annotations
@@ -152,8 +154,22 @@ class Lanes:
         return None if lane is None else lane.scheduler.previous_admission(model_id, seq_id)
 
     def has_model(self, model_id: str) -> bool:
-        lane = self._owned(model_id)
-        return lane is not None and lane.scheduler.has_model(model_id)
+        """The run is live: on a lane, or being moved off a lost one (its ops are answered
+        with the retryable "being restored" error meanwhile, so the SDK resends them; a
+        "not live" answer would make it give up their seq_ids and stall the run behind the
+        gap). Asked again when its lane was lost while this looked."""
+        while True:
+            with self._lock:
+                if model_id in self._restoring:
+                    return True
+                lane = self._owner.get(model_id)
+            if lane is None:
+                return False
+            if lane.scheduler.has_model(model_id):
+                return True
+            with self._lock:
+                if lane.is_alive:  # a live lane that closed the run: it is gone
+                    return False
 
     def release_model(self, model_id: str) -> None:
         with self._lock:

@@ -460,12 +460,14 @@ class Scheduler:
 
     def evacuate(self) -> Evacuation:
         """Take every op this scheduler holds (the lost plan's, saves and reads the worker died
-        under, waiting training ops, waiting and running samples) and its live runs; nothing is
-        left to run here."""
+        under, loads read but not installed, waiting training ops, waiting and running samples)
+        and its live runs; nothing is left to run here."""
         with self._lock:
             self._evacuated = True
+            read = [i.item for i in self._installs if i.item is not None]  # loads read
+            self._installs = []
             items = [(it, self._queues[it.model_id].base_model if it.model_id else None)
-                     for it in (*_items_of(self._lost_plan), *self._lost_io)]
+                     for it in (*_items_of(self._lost_plan), *self._lost_io, *read)]
             runs = []
             for model_id, queue in self._queues.items():
                 waiting = queue.take_waiting()
@@ -520,9 +522,14 @@ class Scheduler:
     def samples(self) -> SampleQueue:
         return self._samples
 
-    def add_install(self, install: Install) -> None:
+    def add_install(self, install: Install) -> bool:
+        """Queue a read checkpoint for installing; False when the worker was lost and
+        everything here was evacuated already (the caller fails its op)."""
+        if self._evacuated:
+            return False
         self._installs.append(install)
         self.notify_locked()
+        return True
 
     def done_reading(self, adapter_id: str) -> None:
         self._reading.discard(adapter_id)

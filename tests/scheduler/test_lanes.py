@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from loraplex.config import SchedulerConfig
-from loraplex.domain.ops import WorkItem
+from loraplex.domain.ops import LoadOp, WorkItem
 from loraplex.domain.results import AdapterMemory
+from loraplex.domain.work import LoadWork
 from loraplex.errors import LoraplexError, WorkerLostError
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
@@ -20,7 +21,7 @@ from loraplex.scheduler.lanes import Lanes
 from loraplex.scheduler.scheduler import Scheduler
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
-from tests.scheduler.work_builders import create, fwd_bwd, optim, sample, save
+from tests.scheduler.work_builders import create, fwd_bwd, optim, rid, sample, save
 
 WAIT_S = 20.0
 
@@ -32,6 +33,10 @@ class MortalToy(ToyExecutor):
     name: str = "toy"
     dead: bool = False
     budget: int | None = None
+    gate: threading.Event | None = None  # set: `adapter_memory` waits for it (placement)
+    asked: threading.Event = field(default_factory=threading.Event)
+    read_gate: threading.Event | None = None  # set: `read_checkpoint` answers once it opens
+    reading: threading.Event = field(default_factory=threading.Event)
 
     def kill(self) -> None:
         self.dead = True
@@ -52,7 +57,16 @@ class MortalToy(ToyExecutor):
         self._alive()
         return super().sample_step(admit, max_decode_steps)
 
+    def read_checkpoint(self, work):  # type: ignore[no-untyped-def]
+        self.reading.set()
+        if self.read_gate is not None:
+            assert self.read_gate.wait(WAIT_S), "the test never opened the read gate"
+        return super().read_checkpoint(work)  # read before the kill: it answers
+
     def adapter_memory(self) -> AdapterMemory:
+        self.asked.set()
+        if self.gate is not None:
+            assert self.gate.wait(WAIT_S), "the test never opened the gate"
         return AdapterMemory(len(self._adapters), 8 * len(self._adapters), self.budget)
 
 
@@ -90,6 +104,11 @@ def run(lanes: Lanes, item: WorkItem) -> object:
             if "being restored" not in str(exc):
                 raise
             threading.Event().wait(0.01)
+    return wait_for(lanes, item)
+
+
+def wait_for(lanes: Lanes, item: WorkItem) -> object:
+    """Wait for a submitted op; returns its result (raises the future's error)."""
     futures = lanes.make_scheduler.futures  # type: ignore[attr-defined]  # the shared store
     done = threading.Event()
     futures.subscribe(item.request_id, done.set)
@@ -151,6 +170,61 @@ def test_a_lost_worker_costs_nothing_a_save_state_acknowledged(
         threading.Event().wait(0.05)
     assert len(lanes.schedulers()) == 2 and len(toys) == 3
     assert stores.checkpoints.list_for_run("a:train:0")[0].path.name == "ckpt"
+
+
+def test_a_run_being_moved_stays_live_so_its_next_op_is_retried_not_refused(
+        pool: tuple[Lanes, list[MortalToy]], stores: Stores) -> None:
+    """Between a worker's loss and its run's restore on another worker (here: held while the
+    survivor is asked for its free memory), the run must stay live for the API's check
+    (`has_model`, what `live_run` asks before a training op takes its seq slot): its op gets
+    the retryable 'being restored' error (the SDK resends that seq_id), never the user error
+    'no live state' (the SDK gives that seq_id up, and every later op of the run would wait
+    behind the gap until the gap timeout)."""
+    lanes, toys = pool
+    run(lanes, create("a:train:0", tenant="alice"))
+    run(lanes, create("b:train:0", tenant="bob"))
+    a_toy, survivor = toys if toys[0].has_adapter("a:train:0") else toys[::-1]
+    run(lanes, save("a:train:0", 1, stores, "ckpt", tenant="alice"))
+    survivor.gate, survivor.asked = threading.Event(), threading.Event()
+    a_toy.kill()
+    with pytest.raises(WorkerLostError, match="restored from"):
+        run(lanes, fwd_bwd("a:train:0", 2, tenant="alice"))  # failed before the restore
+    assert survivor.asked.wait(WAIT_S), "the restore never asked where to place the run"
+    assert lanes.has_model("a:train:0"), "a run being moved must not look gone"
+    with pytest.raises(WorkerLostError, match="being restored"):
+        lanes.submit(fwd_bwd("a:train:0", 3, tenant="alice"))
+    survivor.gate.set()
+    run(lanes, fwd_bwd("a:train:0", 3, tenant="alice"))  # the resent seq_id: no gap
+    run(lanes, optim("a:train:0", 4, tenant="alice"))
+    assert ("optim_step", ("a:train:0",)) in survivor.calls
+    assert lanes.has_model("a:train:0")
+
+
+def test_a_load_read_just_before_its_worker_was_lost_fails_instead_of_waiting_forever(
+        pool: tuple[Lanes, list[MortalToy]], stores: Stores) -> None:
+    """A load_state whose checkpoint read answers after the lane found its worker lost (by
+    another run's op) and handed everything over: its install can never run there, so it
+    fails with a retryable error instead of leaving its future pending for good."""
+    lanes, toys = pool
+    toys[1].budget = 0  # no free adapter memory: both runs go to toys[0]
+    run(lanes, create("a:train:0", tenant="alice"))
+    run(lanes, create("b:train:0", tenant="bob"))
+    toy = toys[0]
+    assert toy.has_adapter("a:train:0") and toy.has_adapter("b:train:0")
+    run(lanes, save("a:train:0", 1, stores, "ckpt", tenant="alice"))
+    toy.read_gate = threading.Event()
+    record = stores.checkpoints.list_for_run("a:train:0")[0]
+    work = LoadWork("a:train:0", record.directory, with_optimizer=True)
+    load = WorkItem(rid(), "alice", "LoadWeights", LoadOp(work, record.path),
+                    model_id="a:train:0", seq_id=2)
+    lanes.submit(load)
+    assert toy.reading.wait(WAIT_S), "the load's read never started"
+    toy.kill()
+    with pytest.raises(WorkerLostError):  # bob's op finds the loss: the lane hands over
+        run(lanes, fwd_bwd("b:train:0", 1, tenant="bob"))
+    toy.read_gate.set()
+    with pytest.raises(WorkerLostError, match="retry"):
+        wait_for(lanes, load)
 
 
 def test_a_run_that_never_saved_is_gone_with_its_worker(
