@@ -4,8 +4,10 @@ Works with SDK 0.25 (what SkyRL 0.4.0 accepts) and 0.38 (loraplex), so the same 
 both; it imports nothing from this repo. Phases, each after untimed warm-up rounds that absorb
 JIT compiles: forward_backward + optim_step steps on a fixed batch of mixed-length sequences
 (tokens/s), then sampling from the trained adapter: a fan-out round (P prompts × num_samples) and
-a batch round (P prompts × 1 sample), all requests in flight at once (generated tokens/s).
-Token ids are deterministic pseudo-random ints; shapes stay fixed across rounds.
+a batch round (P' prompts × 1 sample), all requests in flight at once (generated tokens/s).
+Token ids are deterministic pseudo-random ints; shapes stay fixed across rounds. With
+``--sample-past-eos`` every sample runs to ``--max-tokens`` (SDK ``stop=[]``), so servers that
+do and do not stop at EOS by default generate the same tokens.
 usage: python client_bench.py --base-url URL --base-model NAME --out result.json [options]
 """
 
@@ -101,9 +103,10 @@ def train_phase(tc: Any, types: Any, args: argparse.Namespace) -> dict[str, Any]
         timed.append(step())
         log(f"train step {i + 1}/{args.steps}: {timed[-1][1]:.2f} s, nll {timed[-1][2]}")
     # Pipelined: all steps in flight at once, as Tinker clients are meant to submit them.
+    pipelined_steps = args.steps if args.pipelined_steps is None else args.pipelined_steps
     t0 = time.perf_counter()
     futures = []
-    for _ in range(args.steps):
+    for _ in range(pipelined_steps):
         futures.append(tc.forward_backward(data, "cross_entropy"))
         futures.append(tc.optim_step(adam))
     for future in futures:
@@ -111,6 +114,9 @@ def train_phase(tc: Any, types: Any, args: argparse.Namespace) -> dict[str, Any]
     pipelined_s = time.perf_counter() - t0
     step_s = [t[1] for t in timed]
     median_step = statistics.median(step_s)
+    pipelined = {"steps": pipelined_steps, "s": round(pipelined_s, 3),
+                 "tok_per_s": round(num_tokens * pipelined_steps / pipelined_s, 1)
+                 if pipelined_steps else None}
     return {
         "lengths": lengths, "num_sequences": len(lengths), "tokens_per_step": num_tokens,
         "warmup_step_s": [round(t[1], 3) for t in warmup],
@@ -121,18 +127,19 @@ def train_phase(tc: Any, types: Any, args: argparse.Namespace) -> dict[str, Any]
         "tok_per_s": round(num_tokens / median_step, 1),
         # The fastest step: on a shared machine, the least disturbed reading.
         "best_tok_per_s": round(num_tokens / min(step_s), 1),
-        "pipelined": {"steps": args.steps, "s": round(pipelined_s, 3),
-                      "tok_per_s": round(num_tokens * args.steps / pipelined_s, 1)},
+        "pipelined": pipelined,
     }
 
 
 def sample_round(scl: Any, types: Any, prompts: list[list[int]], num_samples: int,
                  args: argparse.Namespace, seed: int) -> tuple[float, int]:
     """All prompts in flight at once; returns (wall seconds, generated tokens)."""
+    stop: dict[str, Any] = {"stop": []} if args.sample_past_eos else {}
     t0 = time.perf_counter()
     futures = [
         scl.sample(types.ModelInput.from_ints(prompt), num_samples,
-                   types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=seed + i))
+                   types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0,
+                                        seed=seed + i, **stop))
         for i, prompt in enumerate(prompts)
     ]
     responses = [f.result(timeout=args.timeout) for f in futures]
@@ -140,9 +147,9 @@ def sample_round(scl: Any, types: Any, prompts: list[list[int]], num_samples: in
     return seconds, sum(len(s.tokens) for r in responses for s in r.sequences)
 
 
-def sample_workload(scl: Any, types: Any, num_samples: int, args: argparse.Namespace,
-                    seed: int) -> dict[str, Any]:
-    prompts = prompt_token_lists(args.num_prompts, args.prompt_len, args.vocab_limit, seed)
+def sample_workload(scl: Any, types: Any, num_prompts: int, num_samples: int,
+                    args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    prompts = prompt_token_lists(num_prompts, args.prompt_len, args.vocab_limit, seed)
     warm = [sample_round(scl, types, prompts, num_samples, args, seed)
             for _ in range(args.warmup_rounds)]
     rounds = []
@@ -153,9 +160,9 @@ def sample_workload(scl: Any, types: Any, num_samples: int, args: argparse.Names
     total_s = sum(r[0] for r in rounds)
     total_tokens = sum(r[1] for r in rounds)
     return {
-        "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "num_samples": num_samples,
-        "max_tokens": args.max_tokens,
-        "max_new_tokens_per_round": args.num_prompts * num_samples * args.max_tokens,
+        "num_prompts": num_prompts, "prompt_len": args.prompt_len, "num_samples": num_samples,
+        "max_tokens": args.max_tokens, "past_eos": args.sample_past_eos,
+        "max_new_tokens_per_round": num_prompts * num_samples * args.max_tokens,
         "warmup_round_s": [round(w[0], 3) for w in warm],
         "round_s": [round(r[0], 3) for r in rounds], "gen_tokens": [r[1] for r in rounds],
         "median_round_s": round(statistics.median(r[0] for r in rounds), 3),
@@ -178,10 +185,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--pipelined-steps", type=int, default=None,
+                   help="steps of the pipelined phase (default --steps; 0 skips it)")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts of the fan-out round")
+    p.add_argument("--batch-prompts", type=int, default=None,
+                   help="prompts of the batch round (default --num-prompts)")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--fanout-samples", type=int, default=8, help="num_samples of the fan-out round")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--sample-past-eos", action="store_true",
+                   help="stop=[]: every sample runs to --max-tokens")
+    p.add_argument("--train-unembed", choices=("sdk", "true", "false"), default="sdk",
+                   help="LoRA on the output head (default: the SDK's default)")
     p.add_argument("--warmup-rounds", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--skip-train", action="store_true")
@@ -203,8 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log(f"tinker {tinker.__version__} → {args.base_url} ({args.base_model}), rank {args.rank}")
     sc = tinker.ServiceClient(base_url=args.base_url, api_key=args.api_key)
     t0 = time.perf_counter()
+    unembed = {} if args.train_unembed == "sdk" else {"train_unembed": args.train_unembed == "true"}
+    result["train_unembed"] = args.train_unembed
     tc = resolved(sc.create_lora_training_client(base_model=args.base_model, rank=args.rank,
-                                                 seed=0))
+                                                 seed=0, **unembed))
     result["create_training_client_s"] = round(time.perf_counter() - t0, 2)
     log(f"training client ready in {result['create_training_client_s']} s")
     if not args.skip_train:
@@ -214,8 +231,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         scl = resolved(tc.save_weights_and_get_sampling_client())
         result["sampling_client_s"] = round(time.perf_counter() - t0, 2)
-        result["sample_fanout"] = sample_workload(scl, types, args.fanout_samples, args, 10_000)
-        result["sample_batch"] = sample_workload(scl, types, 1, args, 20_000)
+        batch_prompts = args.batch_prompts or args.num_prompts
+        result["sample_fanout"] = sample_workload(scl, types, args.num_prompts,
+                                                  args.fanout_samples, args, 10_000)
+        result["load_avg"]["after_fanout"] = load_avg()
+        result["sample_batch"] = sample_workload(scl, types, batch_prompts, 1, args, 20_000)
     result["load_avg"]["end"] = load_avg()
     result["summary"] = {
         "fwd_bwd_tok_s": result.get("train", {}).get("tok_per_s"),

@@ -205,13 +205,15 @@ def start(
     scratch_dir: str | os.PathLike[str] = DEFAULT_SCRATCH_DIR,
     backend_config: dict[str, Any] | None = None,
     ready_timeout_s: float = 300.0,
+    launch_prefix: Sequence[str] = (),
 ) -> ServerProcess:
     """Start the SkyRL API server (+ its engine subprocess) on `model_dir`; wait for healthz.
 
     The base model name clients must send is `server.base_model`: the absolute `model_dir`, or
     its `peer_model_dir` view (SkyRL serves exactly one `--base-model`). Each start gets a fresh
     run dir (SQLite DB, checkpoints, server.log) under `<scratch_dir>/runs/`. Use the result as
-    a context manager or call `.stop()`.
+    a context manager or call `.stop()`. `launch_prefix` goes before the command (e.g.
+    `taskset -c 0-1`, inherited by the engine subprocess).
 
     Raises:
         RuntimeError: the server exited or did not answer healthz within `ready_timeout_s`
@@ -226,8 +228,8 @@ def start(
     run_dir = scratch / "runs" / time.strftime(f"%Y%m%d-%H%M%S-{port}")
     (run_dir / "ckpt").mkdir(parents=True)
     config = DEFAULT_BACKEND_CONFIG if backend_config is None else backend_config
-    cmd = [str(py), str(scratch / "run_api.py"), "--base-model", model, "--backend", "jax",
-           "--host", "127.0.0.1", "--port", str(port),
+    cmd = [*launch_prefix, str(py), str(scratch / "run_api.py"), "--base-model", model,
+           "--backend", "jax", "--host", "127.0.0.1", "--port", str(port),
            "--database-url", f"sqlite:///{run_dir / 'tinker.db'}",
            "--checkpoints-base", str(run_dir / "ckpt"), "--backend-config", json.dumps(config)]
     server = ServerProcess.launch(cmd, server_env(scratch), run_dir / "server.log",

@@ -1,0 +1,95 @@
+"""Markdown for `side_by_side.py`'s result: ratios with their goals, per-round numbers, load."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from benchmarks.peers.side_by_side import GOALS, PEERS
+
+LABELS = {
+    "train": "fwd_bwd + optim_step (trained tokens/s, median step)",
+    "sample_fanout": "sampling fan-out (generated tokens/s)",
+    "sample_batch": "sampling batch (generated tokens/s)",
+}
+MODEL_LABELS = {
+    "smollm2": "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 9/3 heads, head_dim 64, "
+               "vocab 49152, tied, rope θ 100000; the `builtin:smollm2-135m` Q4_1 GGUF imported "
+               "once as an fp32 HF directory)",
+    "small": "loraplex's built-in small Qwen3 (4 layers, hidden 512, vocab 8192, tied, random)",
+}
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _shape(run: dict[str, Any]) -> str:
+    train, fan, batch = run["train"], run["sample_fanout"], run["sample_batch"]
+    return (f"training {train['num_sequences']} sequences of lengths {train['lengths']} "
+            f"({train['tokens_per_step']} tokens per step); fan-out {fan['num_prompts']} prompts "
+            f"× {fan['prompt_len']} tokens × G = {fan['num_samples']} × {fan['max_tokens']} new; "
+            f"batch {batch['num_prompts']} prompts × G = {batch['num_samples']} × "
+            f"{batch['max_tokens']} new (past EOS: every sample runs to max_tokens)")
+
+
+def _round_rows(result: dict[str, Any]) -> list[str]:
+    rows = ["| round | peer | train step s | fan-out round s (tokens) | batch round s (tokens) "
+            "| load 1m start → end | idle peer's CPU share |", "|---|---|---|---|---|---|---|"]
+    for i, entry in enumerate(result["rounds"], 1):
+        for peer in entry["order"]:
+            r = entry[peer]
+            fan, batch = r["sample_fanout"], r["sample_batch"]
+            rows.append(
+                f"| {i} | {peer} | {r['train']['step_s']} | {fan['round_s']} "
+                f"({fan['gen_tokens']}) | {batch['round_s']} ({batch['gen_tokens']}) | "
+                f"{r['load_avg']['start'][0]} → {r['load_avg']['end'][0]} | "
+                f"{r['idle_peer_cpu_share']:.3f} |")
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    ours, theirs = result["tok_per_s"]["loraplex"], result["tok_per_s"]["skyrl"]
+    ratio = result["ratio_vs_skyrl"]
+    first = result["rounds"][0]["loraplex"]
+    sky = result["skyrl"]
+    p0, p1 = result["probe_start"], result["probe_end"]
+    lines = [
+        f"# loraplex vs SkyRL tx {sky['version']} on {result['model']}",
+        "",
+        f"Measured {result['measured_at']} with `python -m benchmarks.peers.side_by_side "
+        f"--model {result['model']}` (commit {result['git']['commit']}). Model: "
+        f"{MODEL_LABELS[result['model']]}. Both servers load the same directory "
+        f"(`{result['model_dir']}`; SkyRL through its dtype view, config dtype "
+        f"`{sky.get('dtype')}`); both compute in fp32. {result['threads']} threads each: "
+        f"both pinned to cores `{json.dumps(result['affinity'])}` of {result['cores']}, loraplex "
+        f"with `--threads {result['threads']}` (SDK {first['sdk_version']}), SkyRL's JAX CPU "
+        f"backend sizing its pool from that affinity (SDK "
+        f"{result['rounds'][0]['skyrl']['sdk_version']}, backend config "
+        f"`{json.dumps(sky['backend_config'])}`). LoRA rank {first['rank']} on q, k, v, o, "
+        "gate, up, down of every layer, not on the head (`train_unembed=False`: SkyRL cannot "
+        "adapt a tied head). Workloads: " + _shape(first) + ".",
+        "",
+        f"{len(result['rounds'])} interleaved rounds (order alternating), each one "
+        "`client_bench.py` run per server with untimed warm-up first; both servers stay up, "
+        "the idle one's CPU use is in the last column. GEMM probe "
+        f"{p0['gemm_gflops']:.1f} → {p1['gemm_gflops']:.1f} GFLOP/s, load average (1 min) "
+        f"{p0['load_avg_1m']:.2f} → {p1['load_avg_1m']:.2f}.",
+        "",
+        "| workload | loraplex | SkyRL tx | ratio_vs_skyrl | goal |",
+        "|---|---|---|---|---|",
+    ]
+    for key, label in LABELS.items():
+        met = "met" if ratio[key] is not None and ratio[key] >= GOALS[key] else "not met"
+        lines.append(f"| {label} | {_fmt(ours[key])} | {_fmt(theirs[key])} | "
+                     f"**{_fmt(ratio[key], 2)}** | ≥ {GOALS[key]} ({met}) |")
+    per_round = ["/".join(_fmt(r[k], 2) for r in result["ratio_vs_skyrl_per_round"])
+                 for k in LABELS]
+    lines += ["", "Per-round ratios (train, fan-out, batch): " + "; ".join(per_round) + ".", "",
+              *_round_rows(result), "",
+              f"SkyRL JIT compiles (all in warm-up unless a timed round shows a jump): "
+              f"`{json.dumps(sky.get('jit_compiles'))}`.", "",
+              "Pooled over rounds: training = tokens per step ÷ the median of every timed step; "
+              "sampling = generated tokens ÷ seconds of every timed round. Peers: "
+              + ", ".join(PEERS) + ".", ""]
+    return "\n".join(lines)
