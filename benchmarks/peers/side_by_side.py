@@ -80,8 +80,14 @@ def start_loraplex(model_dir: Path, name: str, data_dir: Path, threads: int) -> 
 
 def start_skyrl(model_dir: Path, scratch: Path, threads: int) -> ServerProcess:
     skyrl.install(scratch)
-    return skyrl.start(model_dir, None, scratch, skyrl.DEFAULT_BACKEND_CONFIG,
-                       launch_prefix=pinned([], threads))
+    server = skyrl.start(model_dir, None, scratch, skyrl.DEFAULT_BACKEND_CONFIG,
+                         launch_prefix=pinned([], threads))
+    try:
+        skyrl.wait_engine_loaded(server)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def group_cpu_s(pgid: int) -> float:

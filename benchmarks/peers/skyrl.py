@@ -239,6 +239,25 @@ def start(
     return server
 
 
+ENGINE_READY_LINE = "Starting background engine"
+
+
+def wait_engine_loaded(server: ServerProcess, timeout_s: float = 600.0) -> float:
+    """Block until the engine subprocess has loaded the model (its log says it started its
+    loop); return the seconds waited. healthz answers before that, while the engine is still
+    reading the weights on every core, which would slow whatever is measured meanwhile.
+
+    Raises:
+        RuntimeError: the server exited, or `timeout_s` passed.
+    """
+    t0 = time.monotonic()
+    while ENGINE_READY_LINE not in server.log_path.read_text(errors="replace"):
+        if server.process.poll() is not None or time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"SkyRL engine not loaded; {server.log_path}")
+        time.sleep(1.0)
+    return time.monotonic() - t0
+
+
 _JIT_LINE = re.compile(
     r"JIT\s+compilation\s+for\s+(train|sample)\s+seq_len=(\d+)\s+took\s+([\d.]+)s")
 

@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 from benchmarks.peers import skyrl
+from benchmarks.peers.server_process import ServerProcess
 
 
 def _model_dir(root: Path, config: dict[str, object], dtype: type = np.float32) -> Path:
@@ -40,3 +42,22 @@ def test_view_reads_half_precision_from_the_safetensors_header(tmp_path: Path) -
 def test_config_with_a_dtype_is_served_as_is(tmp_path: Path) -> None:
     source = _model_dir(tmp_path / "hf", {"model_type": "qwen3", "dtype": "bfloat16"})
     assert skyrl.peer_model_dir(source, tmp_path / "scratch") == source.resolve()
+
+
+def _launch(tmp_path: Path, script: str) -> ServerProcess:
+    return ServerProcess.launch(["sh", "-c", script], {}, tmp_path / "server.log",
+                                base_url="http://127.0.0.1:1", base_model="m")
+
+
+def test_wait_engine_loaded_returns_once_the_engine_logs_its_loop(tmp_path: Path) -> None:
+    server = _launch(tmp_path, f"sleep 0.3; echo '{skyrl.ENGINE_READY_LINE}...'; sleep 30")
+    try:
+        assert 0.2 < skyrl.wait_engine_loaded(server, timeout_s=20) < 20
+    finally:
+        server.stop()
+
+
+def test_wait_engine_loaded_fails_when_the_server_exits_first(tmp_path: Path) -> None:
+    server = _launch(tmp_path, "echo loading; exit 3")
+    with pytest.raises(RuntimeError, match="not loaded"):
+        skyrl.wait_engine_loaded(server, timeout_s=20)
