@@ -3,13 +3,15 @@ weights, the same threads and the same workloads, in interleaved rounds; `ratio_
 
 Both servers load one HF directory (``smollm2``: SmolLM2-135M-Instruct, the ``builtin:smollm2-135m``
 GGUF imported once as fp32 safetensors, see `benchmarks.real_models`; ``small``: loraplex's
-built-in small Qwen3) and stay up for the whole run, each pinned to the same ``--threads`` cores
+built-in small Qwen3), each pinned to the same ``--threads`` cores
 (loraplex: ``--threads N``; SkyRL's XLA CPU client sizes its thread pool from the CPU affinity).
-Each round runs `client_bench.py` once against each server, the order alternating (A B, B A, ...):
+Each round runs `client_bench.py` once against each server, the order alternating (A B, B A, ...),
+one server up at a time (SkyRL is started fresh each time and waited for until its engine has
+loaded the weights; its JIT compiles fall in the warm-up):
 forward_backward + optim_step on a fixed mixed-length batch, a fan-out sampling round and a batch
 sampling round, each after untimed warm-up (which absorbs SkyRL's JIT compiles; the engine log's
-compiles are recorded). Load average, a GEMM probe at start and end, and the CPU seconds each
-server spent while the *other* was measured (the idle server's cost) are recorded. Writes
+compiles are recorded). Load average, a GEMM probe at start and end, each server's CPU seconds
+and peak resident memory are recorded. Writes
 ``benchmarks/results/peers_<model>.{json,md}`` (`side_by_side_report.py`).
 """
 
@@ -23,7 +25,6 @@ import signal
 import statistics
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -110,21 +111,51 @@ def affinity(pid: int) -> str:
     return "?"
 
 
-def measure_one(peer: str, servers: dict[str, ServerProcess], pythons: dict[str, Path],
-                envs: dict[str, dict[str, str]], out: Path, client_args: list[str]
-                ) -> dict[str, Any]:
-    """client_bench.py against `peer`, with the other server's CPU seconds over that time."""
-    server, idle = servers[peer], PEERS[1 - PEERS.index(peer)]
-    cpu0 = {p: group_cpu_s(s.process.pid) for p, s in servers.items()}
+def group_peak_rss_mib(pgid: int) -> float:
+    """Sum of the peak resident set (VmHWM) of every live process in process group `pgid`."""
+    total_kib = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            stat = (status.parent / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[2]) == pgid:
+            total_kib += next((int(line.split()[1]) for line in text.splitlines()
+                               if line.startswith("VmHWM:")), 0)
+    return total_kib / 1024
+
+
+def start_peer(peer: str, model_dir: Path, args: argparse.Namespace,
+               scratch: Path) -> ServerProcess:
+    if peer == "loraplex":
+        return start_loraplex(model_dir, SERVED_NAME[args.model], scratch / "loraplex-data",
+                              args.threads)
+    return start_skyrl(model_dir, args.skyrl_dir, args.threads)
+
+
+def measure(peer: str, model_dir: Path, args: argparse.Namespace, scratch: Path, out: Path,
+            client_args: list[str]) -> dict[str, Any]:
+    """Start `peer` alone (the other server is stopped: two 30-layer servers do not fit in
+    memory side by side here), run client_bench.py against it, record its CPU and memory,
+    stop it."""
+    python = sys.executable if peer == "loraplex" else skyrl.venv_python(args.skyrl_dir)
+    env = dict(os.environ) if peer == "loraplex" else skyrl.server_env(args.skyrl_dir)
     t0 = time.monotonic()
-    result = run_client(pythons[peer], server.base_url, server.base_model, client_args, out,
-                        env=envs[peer])
-    wall = time.monotonic() - t0
-    cpu = {p: group_cpu_s(s.process.pid) - cpu0[p] for p, s in servers.items()}
-    result["wall_s"] = round(wall, 1)
-    result["server_cpu_s"] = round(cpu[peer], 1)
-    result["idle_peer_cpu_s"] = round(cpu[idle], 1)
-    result["idle_peer_cpu_share"] = round(cpu[idle] / wall, 4)
+    with start_peer(peer, model_dir, args, scratch) as server:
+        startup_s = time.monotonic() - t0
+        pid = server.process.pid
+        cpu0, t1 = group_cpu_s(pid), time.monotonic()
+        result = run_client(python, server.base_url, server.base_model, client_args, out,
+                            env=env)
+        wall = time.monotonic() - t1
+        result.update(startup_s=round(startup_s, 1), wall_s=round(wall, 1),
+                      server_cpu_s=round(group_cpu_s(pid) - cpu0, 1),
+                      server_peak_rss_mib=round(group_peak_rss_mib(pid)),
+                      affinity=affinity(pid), served_model=server.base_model)
+    if peer == "skyrl":
+        result["jit_compiles"] = skyrl.jit_compiles(server.log_path)
+        result["server_log"] = str(server.log_path)
     return result
 
 
@@ -172,29 +203,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "install": skyrl.install_record(args.skyrl_dir)},
         "rounds": [],
     }
-    with ExitStack() as stack:
-        servers = {
-            "loraplex": stack.enter_context(start_loraplex(
-                model_dir, SERVED_NAME[args.model], scratch / "loraplex-data", args.threads)),
-            "skyrl": stack.enter_context(start_skyrl(model_dir, args.skyrl_dir, args.threads)),
-        }
-        pythons = {"loraplex": Path(sys.executable), "skyrl": skyrl.venv_python(args.skyrl_dir)}
-        envs = {"loraplex": dict(os.environ), "skyrl": skyrl.server_env(args.skyrl_dir)}
-        result["affinity"] = {p: affinity(s.process.pid) for p, s in servers.items()}
-        result["skyrl"]["served_model_dir"] = servers["skyrl"].base_model
-        result["skyrl"]["dtype"] = json.loads(
-            (Path(servers["skyrl"].base_model) / "config.json").read_text()).get("dtype")
-        for i in range(args.rounds):
-            order = PEERS if i % 2 == 0 else PEERS[::-1]
-            entry: dict[str, Any] = {"order": list(order)}
-            for peer in order:
-                print(f"[side_by_side] round {i + 1}/{args.rounds}: {peer}", file=sys.stderr,
-                      flush=True)
-                entry[peer] = measure_one(peer, servers, pythons, envs,
-                                          scratch / f"round{i + 1}-{peer}.json", client_args)
-            result["rounds"].append(entry)
-        result["skyrl"]["jit_compiles"] = skyrl.jit_compiles(servers["skyrl"].log_path)
-        result["skyrl"]["server_log"] = str(servers["skyrl"].log_path)
+    for i in range(args.rounds):
+        order = PEERS if i % 2 == 0 else PEERS[::-1]
+        entry: dict[str, Any] = {"order": list(order)}
+        for peer in order:
+            print(f"[side_by_side] round {i + 1}/{args.rounds}: {peer}", file=sys.stderr,
+                  flush=True)
+            entry[peer] = measure(peer, model_dir, args, scratch,
+                                  scratch / f"round{i + 1}-{peer}.json", client_args)
+        result["rounds"].append(entry)
+    served = Path(result["rounds"][0]["skyrl"]["served_model"])
+    result["skyrl"]["served_model_dir"] = str(served)
+    result["skyrl"]["dtype"] = json.loads((served / "config.json").read_text()).get("dtype")
+    result["affinity"] = {p: result["rounds"][0][p]["affinity"] for p in PEERS}
     summary = {p: pooled(result["rounds"], p) for p in PEERS}
     result["tok_per_s"] = summary
     result["ratio_vs_skyrl"] = ratios(summary["loraplex"], summary["skyrl"])

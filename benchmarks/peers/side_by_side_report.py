@@ -35,7 +35,8 @@ def _shape(run: dict[str, Any]) -> str:
 
 def _round_rows(result: dict[str, Any]) -> list[str]:
     rows = ["| round | peer | train step s | fan-out round s (tokens) | batch round s (tokens) "
-            "| load 1m start → end | idle peer's CPU share |", "|---|---|---|---|---|---|---|"]
+            "| load 1m start → end | server CPU s / wall s | peak RSS MiB |",
+            "|---|---|---|---|---|---|---|---|"]
     for i, entry in enumerate(result["rounds"], 1):
         for peer in entry["order"]:
             r = entry[peer]
@@ -44,7 +45,7 @@ def _round_rows(result: dict[str, Any]) -> list[str]:
                 f"| {i} | {peer} | {r['train']['step_s']} | {fan['round_s']} "
                 f"({fan['gen_tokens']}) | {batch['round_s']} ({batch['gen_tokens']}) | "
                 f"{r['load_avg']['start'][0]} → {r['load_avg']['end'][0]} | "
-                f"{r['idle_peer_cpu_share']:.3f} |")
+                f"{r['server_cpu_s']} / {r['wall_s']} | {r['server_peak_rss_mib']} |")
     return rows
 
 
@@ -71,8 +72,9 @@ def markdown(result: dict[str, Any]) -> str:
         "adapt a tied head). Workloads: " + _shape(first) + ".",
         "",
         f"{len(result['rounds'])} interleaved rounds (order alternating), each one "
-        "`client_bench.py` run per server with untimed warm-up first; both servers stay up, "
-        "the idle one's CPU use is in the last column. GEMM probe "
+        "`client_bench.py` run per server with untimed warm-up first, one server up at a time "
+        "(SkyRL restarted each round, measured once its engine had loaded the weights). GEMM "
+        "probe "
         f"{p0['gemm_gflops']:.1f} → {p1['gemm_gflops']:.1f} GFLOP/s, load average (1 min) "
         f"{p0['load_avg_1m']:.2f} → {p1['load_avg_1m']:.2f}.",
         "",
@@ -87,8 +89,9 @@ def markdown(result: dict[str, Any]) -> str:
                  for k in LABELS]
     lines += ["", "Per-round ratios (train, fan-out, batch): " + "; ".join(per_round) + ".", "",
               *_round_rows(result), "",
-              f"SkyRL JIT compiles (all in warm-up unless a timed round shows a jump): "
-              f"`{json.dumps(sky.get('jit_compiles'))}`.", "",
+              "SkyRL JIT compiles per round (in the warm-up unless a timed step or round "
+              "jumps): " + "; ".join(f"`{json.dumps(e['skyrl'].get('jit_compiles'))}`"
+                                     for e in result["rounds"]) + ".", "",
               "Pooled over rounds: training = tokens per step ÷ the median of every timed step; "
               "sampling = generated tokens ÷ seconds of every timed round. Peers: "
               + ", ".join(PEERS) + ".", ""]
