@@ -64,3 +64,35 @@ def test_client_bench_flags_against_a_pinned_loraplex_server(tiny_model_dir: Pat
     assert result["sample_fanout"]["gen_tokens"] == [1 * 3 * 5]
     assert result["sample_batch"]["gen_tokens"] == [2 * 1 * 5]
     assert result["sample_batch"]["num_prompts"] == 2
+
+
+def _client_result(step_s: list[float], fan_s: float, batch_s: float) -> dict[str, object]:
+    sample = {"num_prompts": 4, "prompt_len": 128, "num_samples": 8, "max_tokens": 64}
+    return {"sdk_version": "0.38.0", "rank": 16, "load_avg": {"start": [1.0], "end": [2.0]},
+            "train": {"num_sequences": 2, "lengths": [1024, 1024], "tokens_per_step": 2048,
+                      "step_s": step_s},
+            "sample_fanout": {**sample, "round_s": [fan_s], "gen_tokens": [2048]},
+            "sample_batch": {**sample, "num_prompts": 8, "num_samples": 1, "round_s": [batch_s],
+                             "gen_tokens": [512]},
+            "server_cpu_s": 50.0, "wall_s": 30.0, "server_peak_rss_mib": 900,
+            "affinity": "0-1", "jit_compiles": [{"mode": "train", "seq_len": 384, "s": 6.5}]}
+
+
+def test_markdown_reports_each_ratio_against_its_goal() -> None:
+    from benchmarks.peers.side_by_side_report import markdown
+
+    rounds = [{"order": ["loraplex", "skyrl"], "loraplex": _client_result([4.0, 4.0], 8.0, 2.0),
+               "skyrl": _client_result([16.0, 16.0], 16.0, 2.0)}]
+    ours, theirs = side_by_side.pooled(rounds, "loraplex"), side_by_side.pooled(rounds, "skyrl")
+    probe = {"gemm_gflops": 50.0, "load_avg_1m": 1.5}
+    text = markdown({
+        "measured_at": "now", "model": "smollm2", "model_dir": "/m", "threads": 2, "cores": 2,
+        "git": {"commit": "abc"}, "affinity": {"loraplex": "0-1", "skyrl": "0-1"},
+        "skyrl": {"version": "0.4.0", "dtype": "float32", "backend_config": {}},
+        "probe_start": probe, "probe_end": probe, "rounds": rounds,
+        "tok_per_s": {"loraplex": ours, "skyrl": theirs},
+        "ratio_vs_skyrl": side_by_side.ratios(ours, theirs),
+        "ratio_vs_skyrl_per_round": side_by_side.per_round_ratios(rounds)})
+    assert "| **4.00** | ≥ 3.0 (met) |" in text  # training 512 vs 128 tok/s
+    assert "| **2.00** | ≥ 3.0 (not met) |" in text  # fan-out 256 vs 128
+    assert "| **1.00** | ≥ 1.2 (not met) |" in text  # batch
