@@ -10,7 +10,9 @@ timed on the model, and so are the very GEMMs of the base model in that step, re
 on the model's own weights and shapes (decode: every layer's seven linears at the step's
 padded row count, and the LM head; training: those forwards plus their input-gradient GEMMs).
 ``overhead_ms_per_layer = (step − base GEMMs) ÷ layers``: everything else (LoRA, attention,
-norms, RoPE, elementwise ops, allocation, Python), spread over the layers.
+norms, RoPE, elementwise ops, allocation, Python, and the step's sampling or loss), spread over
+the layers; each repeat times the step and then its GEMM replay back to back, and the median
+of the per-repeat differences is reported.
 
 ``--baseline REV`` measures the code of git revision ``REV`` (its ``loraplex/`` extracted
 under ``.scratch/step_overhead``) in the same session: each round runs the candidate and the
@@ -45,16 +47,25 @@ from benchmarks.real_models import LABELS, MODELS, smollm2_dir
 PROMPTS, PROMPT_LEN, TRAIN_LEN, RANK, ALPHA = 8, 128, 128, 16, 32
 
 
-def cpu_median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median process CPU milliseconds of ``fn`` (1 thread: the compute it needed)."""
+def cpu_ms(fn: Callable[[], object]) -> float:
+    """Process CPU milliseconds of one call (1 thread: the compute it needed)."""
+    t0 = time.process_time()
+    fn()
+    return (time.process_time() - t0) * 1e3
+
+
+def paired(step: Callable[[], object], gemms: Callable[[], object], head: Callable[[], object],
+           repeats: int, warmup: int = 1) -> dict[str, float]:
+    """Medians of ``repeats`` rounds of (step, its layer GEMMs, its head GEMM), each round run
+    back to back so that the difference sees the same machine state."""
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times) * 1e3
+        step(), gemms(), head()
+    rounds = [(cpu_ms(step), cpu_ms(gemms), cpu_ms(head)) for _ in range(repeats)]
+    return {"step_ms": statistics.median(r[0] for r in rounds),
+            "base_gemm_ms": statistics.median(r[1] + r[2] for r in rounds),
+            "layer_gemm_ms": statistics.median(r[1] for r in rounds),
+            "head_gemm_ms": statistics.median(r[2] for r in rounds),
+            "overhead_ms": statistics.median(r[0] - r[1] - r[2] for r in rounds)}
 
 
 # ---- the child: measures whichever `loraplex` is first on sys.path --------------------------
@@ -102,11 +113,9 @@ def _decode(model: Any, bank: Any, model_dir: Path, steps: int) -> dict[str, flo
                             generator=gen).tolist()
     sampler.step([SampleWork(f"r{i}", "policy", None, array("q", p), 1, replace(params, seed=i))
                   for i, p in enumerate(prompts)], 2)
-    step_ms = cpu_median_ms(lambda: sampler.step([], 1), steps, warmup=2)
     rows = -(-PROMPTS // model.options.row_multiple) * model.options.row_multiple
-    layer_ms, head_ms = _base_gemms_ms(model, rows, steps, backward=False)
-    return {"step_ms": step_ms, "base_gemm_ms": layer_ms + head_ms,
-            "layer_gemm_ms": layer_ms, "head_gemm_ms": head_ms}
+    gemms, head = _base_gemms(model, rows, backward=False)
+    return paired(lambda: sampler.step([], 1), gemms, head, steps, warmup=2)
 
 
 def _train(model: Any, bank: Any, steps: int) -> dict[str, float]:
@@ -126,15 +135,13 @@ def _train(model: Any, bank: Any, steps: int) -> dict[str, float]:
         loss = -model.token_logprobs(model.forward(batch, lora), targets, lora).sum()
         loss.backward(inputs=list(adapter.parameters()))
 
-    step_ms = cpu_median_ms(step, max(3, steps // 2))
-    layer_ms, head_ms = _base_gemms_ms(model, PROMPTS * TRAIN_LEN, max(3, steps // 2),
-                                       backward=True)
-    return {"step_ms": step_ms, "base_gemm_ms": layer_ms + head_ms,
-            "layer_gemm_ms": layer_ms, "head_gemm_ms": head_ms}
+    gemms, head = _base_gemms(model, PROMPTS * TRAIN_LEN, backward=True)
+    return paired(step, gemms, head, max(3, steps // 2))
 
 
-def _base_gemms_ms(model: Any, rows: int, repeats: int, backward: bool) -> tuple[float, float]:
-    """CPU ms of every layer's base linears, and of the LM head, at ``rows`` rows (with
+def _base_gemms(model: Any, rows: int, backward: bool
+                ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Replays of every layer's base linears, and of the LM head, at ``rows`` rows (with
     ``backward``: plus each one's input-gradient GEMM)."""
     import torch
     import torch.nn.functional as F
@@ -148,14 +155,13 @@ def _base_gemms_ms(model: Any, rows: int, repeats: int, backward: bool) -> tuple
              for w in [*weights, head]} if backward else {}
 
     def run(ws: list[torch.Tensor]) -> None:
-        for w in ws:
-            F.linear(inputs[w.shape[1]], w)
-            if backward:
-                torch.mm(grads[w.shape[0]], w)
+        with torch.no_grad():
+            for w in ws:
+                F.linear(inputs[w.shape[1]], w)
+                if backward:
+                    torch.mm(grads[w.shape[0]], w)
 
-    with torch.no_grad():
-        return cpu_median_ms(lambda: run(weights), repeats), cpu_median_ms(lambda: run([head]),
-                                                                          repeats)
+    return lambda: run(weights), lambda: run([head])
 
 
 def child(source: Path, model_dir: Path, threads: int, steps: int, kinds: tuple[str, ...]
@@ -212,8 +218,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind in [k for k in ("decode", "train") if k in runs[0]]:
         med = {k: statistics.median(r[kind][k] for r in runs) for k in runs[0][kind]}
-        med["overhead_ms_per_layer"] = statistics.median(
-            (r[kind]["step_ms"] - r[kind]["base_gemm_ms"]) / layers for r in runs)
+        med["overhead_ms_per_layer"] = med["overhead_ms"] / layers
         out[kind] = med
     out["gemm_probe_gflops"] = [round(r["gemm_probe_gflops"], 1) for r in runs]
     out["load"] = [[round(x, 2) for x in (*r["load_start"], *r["load_end"])] for r in runs]

@@ -106,19 +106,17 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
             s = _scores(q_t[:n], _read(k_pages, step), step)
             v_t = _read(v_pages, step)
             block_max = s.amax(-1)
-            # In place (never recorded: no grad mode, or inside `_TiledAttention.forward`):
-            # the same elementwise results without a new tensor per op.
             if phase.first_step + j == 0:  # key 0 is visible to every row: a finite max
                 m = block_max
-                p = s.sub_(m[..., None]).exp_()
+                p = torch.exp(s - m[..., None])
                 l_sum = p.sum(-1)
                 acc = torch.matmul(p, v_t)
             else:  # a block a row cannot see would be an exact no-op: alpha = 1, p = 0
                 m_new = torch.maximum(m, block_max)
-                alpha = m.sub_(m_new).exp_()
-                p = s.sub_(m_new[..., None]).exp_()
-                l_sum = l_sum.mul_(alpha).add_(p.sum(-1))
-                acc = acc.mul_(alpha[..., None]).add_(torch.matmul(p, v_t))
+                alpha = torch.exp(m - m_new)
+                p = torch.exp(s - m_new[..., None])
+                l_sum = l_sum * alpha + p.sum(-1)
+                acc = acc * alpha[..., None] + torch.matmul(p, v_t)
                 m = m_new
         state.put(phase, 0, m, l_sum, acc)
     return state.acc_A_D / state.l_A[:, None], state.m_A + torch.log(state.l_A)
@@ -156,7 +154,7 @@ class _TiledAttention(torch.autograd.Function):
             for step in phase.steps:
                 n = step.num_tiles
                 k_t, v_t = _read(k_pages, step), _read(v_pages, step)
-                p = _scores(q_t[:n], k_t, step).sub_(lse_t[:n]).exp_()
+                p = torch.exp(_scores(q_t[:n], k_t, step) - lse_t[:n])
                 d_v.index_add_(0, step.pages_N, torch.matmul(p.transpose(-1, -2), d_o[:n]))
                 d_s = p * (torch.matmul(d_o[:n], v_t.transpose(-1, -2)) - delta_t[:n])
                 d_q_t[:n] += torch.matmul(d_s, k_t)

@@ -72,33 +72,18 @@ class LoraBatch:
         stacked = self.targets.get(target)
         if stacked is None:
             return None
-        h_P_Rk = grouped_linear(x_P_I, stacked.a_L_S_Rk_I[layer], self.offsets_S)
-        h_P_Rk = h_P_Rk * self.scale_P_1 if _records_grad(h_P_Rk) else h_P_Rk.mul_(self.scale_P_1)
+        h_P_Rk = grouped_linear(x_P_I, stacked.a_L_S_Rk_I[layer], self.offsets_S) * self.scale_P_1
         return grouped_linear(h_P_Rk, stacked.b_L_S_O_Rk[layer], self.offsets_S)
 
-    def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int,
-                  x_P_I: torch.Tensor | None = None) -> torch.Tensor:
-        """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``.
-
-        Args:
-            x_P_I: ``to_lora_rows(x_R_I)`` when the caller already has it (inputs shared by
-                several targets are gathered once).
-        """
-        if target not in self.targets:
+    def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
+                  ) -> torch.Tensor:
+        """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
+        delta_P_O = self.delta(target, layer, self.to_lora_rows(x_R_I))
+        if delta_P_O is None:
             return y_R_O
-        delta_P_O = self.delta(target, layer, self.to_lora_rows(x_R_I) if x_P_I is None
-                               else x_P_I)
-        assert delta_P_O is not None
-        if _records_grad(y_R_O, delta_P_O):
-            # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
-            # zero-fill + copy in autograd's backward (CopySlices / as_strided).
-            return y_R_O + self.from_lora_rows(delta_P_O, y_R_O.shape[0])
-        # No autograd (sampling): add in place on the adapter rows; the same sums per element
-        # (rows of no adapter keep y exactly instead of y + 0).
-        real = self.rows.real_P
-        y_R_O[:self.rows.num_rows].add_(delta_P_O if real is None
-                                        else delta_P_O.index_select(0, real))
-        return y_R_O
+        # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
+        # zero-fill + copy in autograd's backward (CopySlices / as_strided).
+        return y_R_O + self.from_lora_rows(delta_P_O, y_R_O.shape[0])
 
     def to_lora_rows(self, x_R_I: torch.Tensor) -> torch.Tensor:
         """Batch rows → the LoRA layout (segments padded to the row multiple)."""
@@ -113,11 +98,6 @@ class LoraBatch:
         d_N_O = d_P_O if real is None else d_P_O.index_select(0, real)
         n = self.rows.num_rows
         return F.pad(d_N_O, (0, 0, 0, num_rows - n)) if n < num_rows else d_N_O
-
-
-def _records_grad(*tensors: torch.Tensor) -> bool:
-    """Whether autograd records an op on these tensors (else in-place updates are safe)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor

@@ -135,12 +135,9 @@ class Transformer:
                    sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
                    kv: PagedKVCache | None) -> torch.Tensor:
         spec, rows = self.spec, h_R_D.shape[0]
-        h_P_D = None if lora is None else lora.to_lora_rows(h_R_D)  # gathered once for q, k, v
-        q = _linear(h_R_D, layer.q_proj, lora, "q_proj", i, h_P_D).view(rows, spec.num_heads, -1)
-        k = _linear(h_R_D, layer.k_proj, lora, "k_proj", i, h_P_D).view(rows, spec.num_kv_heads,
-                                                                        -1)
-        v = _linear(h_R_D, layer.v_proj, lora, "v_proj", i, h_P_D).view(rows, spec.num_kv_heads,
-                                                                        -1)
+        q = _linear(h_R_D, layer.q_proj, lora, "q_proj", i).view(rows, spec.num_heads, -1)
+        k = _linear(h_R_D, layer.k_proj, lora, "k_proj", i).view(rows, spec.num_kv_heads, -1)
+        v = _linear(h_R_D, layer.v_proj, lora, "v_proj", i).view(rows, spec.num_kv_heads, -1)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
@@ -168,18 +165,16 @@ class Transformer:
         """A dense MLP; ``i`` is its LoRA layer index (its index among the dense layers)."""
         assert layer.gate_proj is not None and layer.up_proj is not None
         assert layer.down_proj is not None
-        h_P_D = None if lora is None else lora.to_lora_rows(h_R_D)  # gathered once for both
-        gate = _linear(h_R_D, layer.gate_proj, lora, "gate_proj", i, h_P_D)
-        up = _linear(h_R_D, layer.up_proj, lora, "up_proj", i, h_P_D)
+        gate = _linear(h_R_D, layer.gate_proj, lora, "gate_proj", i)
+        up = _linear(h_R_D, layer.up_proj, lora, "up_proj", i)
         return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)
 
 
 def _linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, lora: LoraBatch | None, target: str,
-            layer: int, x_P_I: torch.Tensor | None = None) -> torch.Tensor:
-    """Base linear on all rows, plus the LoRA delta on the adapter rows (``x_P_I``: ``x`` in
-    the LoRA layout, when the caller already gathered it)."""
+            layer: int) -> torch.Tensor:
+    """Base linear on all rows, plus the LoRA delta on the adapter rows."""
     y_R_O = F.linear(x_R_I, w_O_I)
-    return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer, x_P_I)
+    return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
