@@ -66,6 +66,9 @@ def create_app(ctx: ServerContext) -> FastAPI:
             meter.cancel()
             await asyncio.to_thread(ctx.catalog.stop)
             await asyncio.to_thread(metering.flush, ctx)
+            # The journal's writer thread is a daemon: flush now, or a request submitted in
+            # its last interval answers 404 after a restart instead of "server restarted".
+            await asyncio.to_thread(ctx.stores.futures.flush)
 
     app = FastAPI(title="loraplex", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

@@ -209,5 +209,8 @@ def serve(ctx: ServerContext, log_level: str = "info") -> None:
           f"http://{config.host}:{config.port}/dashboard", file=sys.stderr)
     # Keep idle keep-alive connections well past the SDK's 10 s heartbeat period, so a request
     # never races the server closing its connection.
-    uvicorn.run(create_app(ctx), host=config.host, port=config.port, log_level=log_level,
-                access_log=False, timeout_keep_alive=75)
+    try:
+        uvicorn.run(create_app(ctx), host=config.host, port=config.port, log_level=log_level,
+                    access_log=False, timeout_keep_alive=75)
+    finally:
+        ctx.stores.close()

@@ -25,7 +25,7 @@ from tinker.proto import tinker_public_pb2 as pb
 from tests.fuzz.contract import Findings, accepted_request_id, check_futures
 from tests.fuzz.proto_strategies import ProtoCase, proto_cases
 from tests.fuzz.tenant import FuzzTenant, make_fuzz_tenant
-from tests.fuzz.trainer import ConcurrentTrainer, TrainerIds, assert_unaffected, replay
+from tests.fuzz.trainer import ConcurrentTrainer, TrainerIds, assert_fuzzing_clean, replay
 
 pytestmark = pytest.mark.slow
 
@@ -113,9 +113,5 @@ def test_fuzzed_forward_backward_bodies_never_fail_the_contract_nor_the_training
     print(f"protobuf fuzz: {findings.num_requests} requests in {window[1] - window[0]:.1f} s, "
           f"{len(tenant.accepted)} accepted ({num_done} done); trainer ran {len(trace.steps)} "
           f"steps\n{findings.coverage()}")
-    problems = [findings.report()] if findings.by_kind else []
-    try:
-        assert_unaffected(trainer, trace, reference, window)
-    except AssertionError as exc:
-        problems.append(f"concurrent tenant: {exc}")
-    assert not problems, "\n\n".join(problems)
+    assert_fuzzing_clean([findings.report()] if findings.by_kind else [], trainer, trace,
+                         reference, window)

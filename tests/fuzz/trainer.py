@@ -165,3 +165,15 @@ def assert_unaffected(trainer: ConcurrentTrainer, trace: TrainingTrace, referenc
     assert len(reference.steps) == len(trace.steps)
     for i, (got, want) in enumerate(zip(trace.steps, reference.steps, strict=True)):
         assert got == want, f"trainer step {i} differs from the unfuzzed replay"
+
+
+def assert_fuzzing_clean(problems: list[str], trainer: ConcurrentTrainer, trace: TrainingTrace,
+                         reference: TrainingTrace, window: tuple[float, float]) -> None:
+    """The fuzzer's own ``problems`` and the concurrent tenant's (`assert_unaffected`) reported
+    together, so one failing run shows both."""
+    problems = list(problems)
+    try:
+        assert_unaffected(trainer, trace, reference, window)
+    except AssertionError as exc:
+        problems.append(f"concurrent tenant: {exc}")
+    assert not problems, "\n\n".join(problems)

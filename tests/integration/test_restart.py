@@ -55,7 +55,7 @@ def test_restart_keeps_runs_and_checkpoints_and_resumes_exactly(
         tc.forward(DATA, "cross_entropy").result()
     lost = httpx.post(f"{server_process.url}/api/v1/retrieve_future", trust_env=False,
                       headers={"X-API-Key": key}, json={"request_id": stuck}).json()
-    assert lost["category"] == "server" and "restarted" in lost["error"]
+    assert lost["category"] == "server" and "restarted" in lost["error"], lost
 
     resumed = client.create_training_client_from_state_with_optimizer(state).result()
     _step(resumed)

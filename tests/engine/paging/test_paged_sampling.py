@@ -6,11 +6,9 @@ out frees the sampler's stacked copies."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from loraplex.domain.optim import AdamParams
@@ -30,14 +28,6 @@ from tests.engine.train_works import ce_datum, create_random_adapter, work
 KV = {"kv_cache_blocks": 64, "kv_block_size": 16}
 PROMPT = tuple(range(7, 47))  # 40 tokens: two full 16-token pages
 TRAINED = ["x", "y"]  # their training pages the sampler's adapter out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def request(request_id: str, adapter_id: str | None, max_tokens: int,

@@ -6,7 +6,6 @@ deleting frees the host/disk copy; a save's adapter is never moved under it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,6 @@ from tests.engine.train_works import ce_datum, work
 NUM_FIT = 2
 ADAPTERS = [f"t{i}" for i in range(4 * NUM_FIT)]
 ROUNDS = 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
