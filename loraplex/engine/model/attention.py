@@ -41,7 +41,7 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q_A_D, k_pages, v_pages)):
         out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan)
     else:
-        out_A_D, _ = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan).output()
     return out_A_D[:-1].view(rows, heads * head_dim)
 
 
@@ -87,11 +87,19 @@ class _SoftmaxState:
         self.l_A.index_copy_(0, idx, l_sum.reshape(-1))
         self.acc_A_D.index_copy_(0, idx, acc.reshape(-1, acc.shape[-1]))
 
+    def output(self) -> torch.Tensor:
+        """The attention output of every row, ``[A, D]``."""
+        return self.acc_A_D / self.l_A[:, None]
+
+    def log_sum_exp(self) -> torch.Tensor:
+        """Every row's log-sum-exp of its scores, ``[A]`` (for the backward)."""
+        return self.m_A + torch.log(self.l_A)
+
 
 def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                   plan: TilePlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online softmax over KV steps (the algorithm): ``out [A, D]`` and the log-sum-exp of
-    every query row (for the backward)."""
+                   plan: TilePlan) -> _SoftmaxState:
+    """Online softmax over KV steps (the algorithm): the final state of every query row (its
+    output, and its log-sum-exp for the backward)."""
     state = _SoftmaxState(q_A_D)
     head_dim = q_A_D.shape[1]
     for phase in plan.phases:
@@ -119,7 +127,7 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
                 acc = acc * alpha[..., None] + torch.matmul(p, v_t)
                 m = m_new
         state.put(phase, 0, m, l_sum, acc)
-    return state.acc_A_D / state.l_A[:, None], state.m_A + torch.log(state.l_A)
+    return state
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -130,7 +138,8 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                 plan: TilePlan) -> torch.Tensor:
-        out, lse = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        out, lse = state.output(), state.log_sum_exp()
         ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
         ctx.plan = plan
         return out

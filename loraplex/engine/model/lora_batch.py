@@ -11,7 +11,7 @@ how their ranks are padded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,16 @@ class LoraBatch:
     def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
                   ) -> torch.Tensor:
         """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
-        delta_P_O = self.delta(target, layer, self.to_lora_rows(x_R_I))
+        return self.add_deltas([y_R_O], x_R_I, (target,), layer)[0]
+
+    def add_deltas(self, ys_R_O: Sequence[torch.Tensor], x_R_I: torch.Tensor,
+                   targets: Sequence[str], layer: int) -> list[torch.Tensor]:
+        """`add_delta` for several targets sharing the input ``x`` (gathered once)."""
+        x_P_I = self.to_lora_rows(x_R_I) if any(t in self.targets for t in targets) else x_R_I
+        return [self._add(y_R_O, self.delta(target, layer, x_P_I))
+                for y_R_O, target in zip(ys_R_O, targets, strict=True)]
+
+    def _add(self, y_R_O: torch.Tensor, delta_P_O: torch.Tensor | None) -> torch.Tensor:
         if delta_P_O is None:
             return y_R_O
         # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
