@@ -59,16 +59,18 @@ class RopeTable:
         self.cos, self.sin = torch.cat(cos), torch.cat(sin)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[N, head_dim]`` for a ``[N]`` long tensor of absolute positions."""
+        """cos, sin ``[N, 1, head_dim]`` (broadcast over heads) for a ``[N]`` long tensor of
+        absolute positions."""
         if positions.numel():
             top = int(positions.max()) + 1
             if top > self.cos.shape[0]:
                 self._grow(top)
-        return self.cos[positions], self.sin[positions]
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos/sin [N, head_dim]`` (HF half layout)."""
+    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos/sin [N, 1, head_dim]`` (`lookup`;
+    HF half layout)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos + rotated * sin
