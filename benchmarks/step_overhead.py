@@ -115,7 +115,52 @@ def _decode(model: Any, bank: Any, model_dir: Path, steps: int) -> dict[str, flo
                   for i, p in enumerate(prompts)], 2)
     rows = -(-PROMPTS // model.options.row_multiple) * model.options.row_multiple
     gemms, head = _base_gemms(model, rows, backward=False)
-    return paired(lambda: sampler.step([], 1), gemms, head, steps, warmup=2)
+    result: dict[str, Any] = paired(lambda: sampler.step([], 1), gemms, head, steps, warmup=2)
+    result["profile_ms_per_step"] = profile_by_source(lambda: sampler.step([], 1), 3)
+    return result
+
+
+#: Where a decode step's time goes: (label, function names tried in order; cumulative time of
+#: the first one the profile has). Function names of both this revision and older ones.
+SOURCES = (
+    ("decode step (sampler.step)", ("step",)),
+    ("model forward (all layers)", ("forward",)),
+    ("all F.linear calls (base + LoRA GEMMs)", ("<built-in method torch._C._nn.linear>",)),
+    ("attention: tiled kernel", ("tiled_paged_attention",)),
+    ("attention: KV page writes", ("write",)),
+    ("attention: RoPE", ("apply_rope",)),
+    ("LoRA deltas (their GEMMs included)", ("add_deltas", "add_delta")),
+    ("RMSNorm", ("rms_norm",)),
+    ("LM head logits (head GEMM + its LoRA)", ("logits",)),
+    ("token sampling over the vocab", ("sample_tokens",)),
+    ("packing: rows, KV slots, tile plan", ("pack_sequences",)),
+    ("  of which tile plan", ("plan_tiles",)),
+)
+
+
+def profile_by_source(step: Callable[[], object], steps: int) -> dict[str, float]:
+    """Cumulative ms per step (cProfile, so Python-heavy parts read high) of `SOURCES`; the
+    second of two profiled runs (the first pays one-off costs of profiling itself)."""
+    import cProfile
+    import pstats
+
+    for _ in range(2):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        profiler.disable()
+    stats: dict[tuple[str, int, str], tuple[Any, ...]] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    cumulative: dict[str, float] = {}
+    for (path, _, name), (_, _, _, cum, _) in stats.items():
+        if path.startswith("~") or "loraplex" in path:
+            cumulative[name] = max(cumulative.get(name, 0.0), cum)
+    out = {}
+    for label, names in SOURCES:
+        found = next((cumulative[n] for n in names if n in cumulative), None)
+        if found is not None:
+            out[label] = round(found * 1e3 / steps, 2)
+    return out
 
 
 def _train(model: Any, bank: Any, steps: int) -> dict[str, float]:
@@ -217,7 +262,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     layers = runs[0]["layers"]
     out: dict[str, Any] = {}
     for kind in [k for k in ("decode", "train") if k in runs[0]]:
-        med = {k: statistics.median(r[kind][k] for r in runs) for k in runs[0][kind]}
+        med = {k: statistics.median(r[kind][k] for r in runs) for k in runs[0][kind]
+               if isinstance(runs[0][kind][k], float)}
         med["overhead_ms_per_layer"] = med["overhead_ms"] / layers
         out[kind] = med
     out["gemm_probe_gflops"] = [round(r["gemm_probe_gflops"], 1) for r in runs]
@@ -251,6 +297,7 @@ def markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {label} | {b:.2f} | {c:.2f} | {c / b:.2f} |")
             else:
                 lines.append(f"| {label} | {c:.2f} |")
+    lines += profile_table(result)
     lines += ["", "Load average (1/5 min at start, at end) and GEMM probe (GFLOP/s) per round:",
               ""]
     for name, runs in (("candidate", cand), ("baseline", base)):
@@ -258,6 +305,24 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"* {name}: load {runs['load']}; GEMM probe {runs['gemm_probe_gflops']}")
     lines += ["", "The machine is shared: compare only numbers of one run.", ""]
     return "\n".join(lines)
+
+
+def profile_table(result: dict[str, Any]) -> list[str]:
+    """Markdown rows of the decode-step profile by source (first round of each side)."""
+    sides = [(name, result["raw"][name][0]["decode"].get("profile_ms_per_step"))
+             for name in ("baseline", "candidate") if name in result["raw"]]
+    sides = [(name, prof) for name, prof in sides if prof]
+    if not sides:
+        return []
+    lines = ["", "Where a decode step goes (cProfile of 3 steps in the first round, cumulative "
+             "ms per step; parts nest; the profiler inflates Python-heavy parts):", "",
+             "| part | " + " | ".join(name for name, _ in sides) + " |",
+             "|---|" + "---|" * len(sides)]
+    for label, _ in SOURCES:
+        values = [prof.get(label) for _, prof in sides]
+        lines.append(f"| {label} | " + " | ".join("–" if v is None else f"{v:.1f}"
+                                                  for v in values) + " |")
+    return lines
 
 
 def git_rev(rev: str) -> str:
