@@ -114,9 +114,6 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
     head_dim = q_A_D.shape[1]
     for phase in plan.phases:
         q_t = q_A_D.index_select(0, phase.index_P).view(*phase.shape, head_dim)
-        if phase.pages_N_S is not None:
-            state.put(phase, 0, *_all_steps_at_once(q_t, k_pages, v_pages, phase))
-            continue
         if phase.first_step > 0:
             m, l_sum, acc = state.take(phase)
         for j, step in enumerate(phase.steps):
@@ -141,33 +138,6 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
                 m = m_new
         state.put(phase, 0, m, l_sum, acc)
     return state
-
-
-def _all_steps_at_once(q_t: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                       phase: TilePhase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`_tiles_forward`'s loop for a phase whose tiles all run all its steps from step 0, with
-    the very same bits: every step's pages read in one gather, scores and ``p·v`` of all steps
-    as one batched matmul (each matrix the same), the running max a cummax (exact), and only
-    the sum and accumulator recurrences step by step, in the loop's order. ``m, l, acc``."""
-    assert phase.pages_N_S is not None
-    n, num_steps = phase.pages_N_S.shape
-    pages = phase.pages_N_S.reshape(-1)
-    k_t = k_pages.index_select(0, pages).view(n, num_steps, *k_pages.shape[1:])
-    v_t = v_pages.index_select(0, pages).view(n, num_steps, *v_pages.shape[1:])
-    s = torch.matmul(q_t[:, None], k_t.transpose(-1, -2))  # [N, steps, kv_heads, rows, block]
-    mask = phase.steps[-1].mask_M_1_R_B
-    if mask is not None:  # only the last step can mask: every tile ends there
-        s[n - mask.shape[0]:, -1].masked_fill_(mask, float("-inf"))
-    m_all = s.amax(-1).cummax(1).values
-    p = torch.exp(s - m_all[..., None])
-    p_sum = p.sum(-1)
-    pv = torch.matmul(p, v_t)
-    alpha = torch.exp(m_all[:, :-1] - m_all[:, 1:])
-    l_sum, acc = p_sum[:, 0], pv[:, 0]
-    for j in range(1, num_steps):
-        l_sum = l_sum * alpha[:, j - 1] + p_sum[:, j]
-        acc = acc * alpha[:, j - 1, ..., None] + pv[:, j]
-    return m_all[:, -1], l_sum, acc
 
 
 class _TiledAttention(torch.autograd.Function):

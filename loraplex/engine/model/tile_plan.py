@@ -90,16 +90,12 @@ class TilePhase:
         first_step: the KV block index of `steps[0]`; rows of a phase starting later carry
             the softmax state of their earlier phase.
         steps: the phase's steps, in order.
-        pages_N_S: when every tile runs every step from step 0 (a decode step's tiles, say),
-            the page of each tile at each step, so that all steps' pages are read at once;
-            else None.
     """
 
     index_P: torch.Tensor
     shape: tuple[int, int, int]
     first_step: int
     steps: tuple[TileStep, ...]
-    pages_N_S: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -268,10 +264,5 @@ def _build_phase(tiles: list[_Tile], first_step: int, size: int, block_size: int
         is_range = pages == list(range(pages[0], pages[0] + len(pages)))
         steps.append(TileStep(len(active), torch.tensor(pages, dtype=torch.long, device=device),
                               (pages[0], pages[0] + len(pages)) if is_range else None, mask))
-    num_steps = tiles[0].end_step - first_step
-    uniform = first_step == 0 and num_steps > 1 and all(
-        t.end_step == tiles[0].end_step for t in tiles)
-    pages_N_S = torch.tensor([t.pages[:num_steps] for t in tiles], dtype=torch.long,
-                             device=device) if uniform else None
     return TilePhase(index.reshape(-1).to(device), (len(tiles), num_kv_heads, size * groups),
-                     first_step, tuple(steps), pages_N_S)
+                     first_step, tuple(steps))

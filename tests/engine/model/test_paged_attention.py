@@ -118,33 +118,3 @@ def test_tiles_shared_across_sequences_match_per_sequence_attention() -> None:
                                               enable_gqa=True)
         got = out[start:start + len(s.tokens)]
         assert (got - want.transpose(0, 1).reshape(len(s.tokens), -1)).abs().max() <= 2e-5
-
-
-@pytest.mark.parametrize(("cached", "tables"), [
-    ([130, 140, 150, 191], [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]),  # decode, 3 steps
-    ([64, 100], [[2, 0], [1, 3]]),  # 2 steps; every token sees all of its last block but one
-])
-def test_all_steps_at_once_gives_the_step_loops_bits(cached: list[int],
-                                                     tables: list[list[int]]) -> None:
-    """A phase whose tiles run every step (one decode token per sequence) reads all its
-    steps at once: the same bits as the step-by-step online softmax."""
-    from dataclasses import replace
-
-    from loraplex.engine.model.tile_plan import TilePlan
-
-    seqs = [SequenceInput([1], None, c, t) for c, t in zip(cached, tables, strict=True)]
-    batch = pack_sequences(seqs, row_multiple=16, block_size=64, num_heads=HEADS,
-                           num_kv_heads=KV_HEADS)
-    assert any(p.pages_N_S is not None for p in batch.tiles.phases)
-    looped = TilePlan(tuple(replace(p, pages_N_S=None) for p in batch.tiles.phases),
-                      batch.tiles.num_query_rows)
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, generator=gen)
-    k_pages, v_pages = (torch.randn(12, KV_HEADS, 64, HEAD_DIM, generator=gen) for _ in "kv")
-    with torch.no_grad():
-        fast = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
-        slow = tiled_paged_attention(q, k_pages, v_pages, looped)
-    assert torch.equal(fast, slow)
-    q.requires_grad_()  # the training forward (with its log-sum-exp) too
-    assert torch.equal(tiled_paged_attention(q, k_pages, v_pages, batch.tiles),
-                       tiled_paged_attention(q, k_pages, v_pages, looped))
