@@ -33,7 +33,6 @@ from loraplex.engine.model.rope import RopeTable, apply_rope
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import (
     BaseWeights,
-    FusedProjections,
     LayerWeights,
     fuse_projections,
 )
@@ -72,7 +71,7 @@ class Transformer:
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
-        # q/k/v and gate/up as one GEMM each; the layers' fields become views of these.
+        # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
         self._fused = [fuse_projections(layer) for layer in weights.layers]
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
@@ -126,8 +125,7 @@ class Transformer:
                 assert tokens is not None
                 x_R_D = x_R_D + sparse(h_R_D, tokens, lora)
             else:
-                x_R_D = x_R_D + self._mlp(self._dense_index[i], layer, self._fused[i],
-                                          h_R_D, lora)
+                x_R_D = x_R_D + self._mlp(self._dense_index[i], layer, h_R_D, lora)
         return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
@@ -170,13 +168,14 @@ class Transformer:
             out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)
         return _linear(out, layer.o_proj, lora, "o_proj", i)
 
-    def _mlp(self, i: int, layer: LayerWeights, fused: FusedProjections, h_R_D: torch.Tensor,
+    def _mlp(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor,
              lora: LoraBatch | None) -> torch.Tensor:
         """A dense MLP; ``i`` is its LoRA layer index (its index among the dense layers)."""
-        assert fused.gate_up is not None and layer.down_proj is not None
-        size = fused.gate_up.shape[0] // 2
-        gate, up = _fused_linear(h_R_D, fused.gate_up, (size, size), lora,
-                                 ("gate_proj", "up_proj"), i)
+        assert layer.gate_proj is not None and layer.up_proj is not None
+        assert layer.down_proj is not None
+        outs = [F.linear(h_R_D, layer.gate_proj), F.linear(h_R_D, layer.up_proj)]
+        gate, up = outs if lora is None else lora.add_deltas(outs, h_R_D,
+                                                             ("gate_proj", "up_proj"), i)
         return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)
 
 

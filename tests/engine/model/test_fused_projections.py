@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections, and RoPE, give the bits of the unfused HF formulas."""
+"""Fused q/k/v projections, and RoPE, give the bits of the unfused HF formulas."""
 
 from __future__ import annotations
 
@@ -32,14 +32,13 @@ def test_fusing_rebinds_the_layer_fields_to_views_of_one_weight() -> None:
                      num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6,
                      rope=RopeSpec(1e4), tie_word_embeddings=True, max_position_embeddings=64)
     layer = random_weights(spec, 0).layers[0]
-    before = [t.clone() for t in (layer.q_proj, layer.k_proj, layer.v_proj, layer.gate_proj)]
+    before = [t.clone() for t in (layer.q_proj, layer.k_proj, layer.v_proj)]
     fused = fuse_projections(layer)
-    assert fused.qkv_sizes == (32, 16, 16) and fused.gate_up is not None
-    after = (layer.q_proj, layer.k_proj, layer.v_proj, layer.gate_proj)
+    assert fused.qkv_sizes == (32, 16, 16)
+    after = (layer.q_proj, layer.k_proj, layer.v_proj)
     for old, new in zip(before, after, strict=True):
-        assert new is not None and torch.equal(old, new) and new.is_contiguous()
+        assert torch.equal(old, new) and new.is_contiguous()
     assert layer.v_proj.data_ptr() == fused.qkv[48:].data_ptr()
-    assert layer.up_proj is not None and layer.up_proj.data_ptr() == fused.gate_up[48:].data_ptr()
 
 
 def test_rope_is_transformers_rotary_embedding_bit_for_bit() -> None:
