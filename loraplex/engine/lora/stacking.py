@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.targets import ALL_TARGETS, target_shape
-from loraplex.engine.model.lora_batch import LoraBatch, LoraRows, StackedTarget
+from loraplex.engine.model.lora_batch import LoraBatch, LoraRows, StackedTarget, fuse_a
 from loraplex.engine.model.spec import ModelSpec
 
 
@@ -41,9 +41,10 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
     """
     device = adapters[0].parameters()[0].device
     if reuse is not None and reuse.rows.adapter_ids == rows.adapter_ids:
-        targets = dict(reuse.targets)
+        targets, fused = dict(reuse.targets), dict(reuse.fused_a)
     else:
         targets = _stack_targets(spec, adapters, rank_multiple, dtype, device)
+        fused = fuse_a(targets)
     ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
     sizes = torch.diff(ends, prepend=ends.new_zeros(1))
     scales = torch.tensor([a.scale for a in adapters], dtype=dtype)
@@ -52,6 +53,7 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
         offsets_S=ends.to(torch.int32).to(device),
         scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
         targets=targets,
+        fused_a=fused,
     )
 
 

@@ -41,7 +41,8 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q_A_D, k_pages, v_pages)):
         out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan)
     else:
-        out_A_D, _ = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        carries = any(phase.first_step > 0 for phase in plan.phases)
+        out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan, keep_state=carries).output()
     return out_A_D[:-1].view(rows, heads * head_dim)
 
 
@@ -64,13 +65,19 @@ def _scores(q_t: torch.Tensor, k_t: torch.Tensor, step: TileStep) -> torch.Tenso
 class _SoftmaxState:
     """Every query row's running max ``m``, sum ``l`` and accumulator, in row layout. A phase
     takes its rows' state in tile layout and puts it back as its tiles finish. Rows start at
-    m = 0, l = 1, acc = 0, so a row no tile reads comes out as zeros."""
+    m = 0, l = 1, acc = 0, so a row no tile reads comes out as zeros.
 
-    def __init__(self, q_A_D: torch.Tensor) -> None:
+    Without ``keep_state`` (inference, every phase starting at step 0: no row's state carries
+    over) a finished tile stores just its output ``acc / l`` (the same division, in tile
+    layout), and there is no log-sum-exp."""
+
+    def __init__(self, q_A_D: torch.Tensor, keep_state: bool = True) -> None:
         num_q, head_dim = q_A_D.shape
-        self.m_A = q_A_D.new_zeros(num_q)
-        self.l_A = q_A_D.new_ones(num_q)
+        self.keep_state = keep_state
         self.acc_A_D = q_A_D.new_zeros(num_q, head_dim)
+        if keep_state:
+            self.m_A = q_A_D.new_zeros(num_q)
+            self.l_A = q_A_D.new_ones(num_q)
 
     def take(self, phase: TilePhase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         idx, shape = phase.index_P, phase.shape
@@ -83,16 +90,27 @@ class _SoftmaxState:
         """Store the state of tiles ``first_tile ..`` of the phase (``m`` etc. hold those)."""
         rows = phase.shape[1] * phase.shape[2]
         idx = phase.index_P[first_tile * rows:(first_tile + m.shape[0]) * rows]
+        if not self.keep_state:  # acc_A_D holds outputs
+            self.acc_A_D.index_copy_(0, idx, (acc / l_sum[..., None]).reshape(-1, acc.shape[-1]))
+            return
         self.m_A.index_copy_(0, idx, m.reshape(-1))
         self.l_A.index_copy_(0, idx, l_sum.reshape(-1))
         self.acc_A_D.index_copy_(0, idx, acc.reshape(-1, acc.shape[-1]))
 
+    def output(self) -> torch.Tensor:
+        """The attention output of every row, ``[A, D]``."""
+        return self.acc_A_D / self.l_A[:, None] if self.keep_state else self.acc_A_D
+
+    def log_sum_exp(self) -> torch.Tensor:
+        """Every row's log-sum-exp of its scores, ``[A]`` (for the backward)."""
+        return self.m_A + torch.log(self.l_A)
+
 
 def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                   plan: TilePlan) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online softmax over KV steps (the algorithm): ``out [A, D]`` and the log-sum-exp of
-    every query row (for the backward)."""
-    state = _SoftmaxState(q_A_D)
+                   plan: TilePlan, keep_state: bool = True) -> _SoftmaxState:
+    """Online softmax over KV steps (the algorithm): the final state of every query row (its
+    output, and its log-sum-exp for the backward)."""
+    state = _SoftmaxState(q_A_D, keep_state)
     head_dim = q_A_D.shape[1]
     for phase in plan.phases:
         q_t = q_A_D.index_select(0, phase.index_P).view(*phase.shape, head_dim)
@@ -119,7 +137,7 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
                 acc = acc * alpha[..., None] + torch.matmul(p, v_t)
                 m = m_new
         state.put(phase, 0, m, l_sum, acc)
-    return state.acc_A_D / state.l_A[:, None], state.m_A + torch.log(state.l_A)
+    return state
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -130,7 +148,8 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                 plan: TilePlan) -> torch.Tensor:
-        out, lse = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+        out, lse = state.output(), state.log_sum_exp()
         ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
         ctx.plan = plan
         return out

@@ -11,8 +11,8 @@ how their ranks are padded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,12 +56,17 @@ class LoraBatch:
         offsets_S: int32 cumulative segment ends in the LoRA layout (``F.grouped_mm`` offsets).
         scale_P_1: per LoRA row ``alpha / rank`` of the row's adapter.
         targets: stacked tensors of every target some adapter in the batch trains.
+        fused_a: targets that share an input (`FUSED_GROUPS`, all stacked) → their A
+            factors concatenated along the rank, ``[L, S, n·Rk, d_in]``: one shrink GEMM for
+            the group, with the bits of the separate ones (an output column depends only on
+            its weight row).
     """
 
     rows: LoraRows
     offsets_S: torch.Tensor
     scale_P_1: torch.Tensor
     targets: Mapping[str, StackedTarget]
+    fused_a: Mapping[tuple[str, ...], torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -78,7 +83,24 @@ class LoraBatch:
     def add_delta(self, y_R_O: torch.Tensor, x_R_I: torch.Tensor, target: str, layer: int
                   ) -> torch.Tensor:
         """``y`` plus the delta on the adapter rows ``0 .. num_rows-1``."""
-        delta_P_O = self.delta(target, layer, self.to_lora_rows(x_R_I))
+        return self.add_deltas([y_R_O], x_R_I, (target,), layer)[0]
+
+    def add_deltas(self, ys_R_O: Sequence[torch.Tensor], x_R_I: torch.Tensor,
+                   targets: Sequence[str], layer: int) -> list[torch.Tensor]:
+        """`add_delta` for several targets sharing the input ``x`` (gathered once; one shrink
+        GEMM when they are a fused group)."""
+        x_P_I = self.to_lora_rows(x_R_I) if any(t in self.targets for t in targets) else x_R_I
+        fused = self.fused_a.get(tuple(targets))
+        if fused is None:
+            return [self._add(y_R_O, self.delta(target, layer, x_P_I))
+                    for y_R_O, target in zip(ys_R_O, targets, strict=True)]
+        h_P_nRk = grouped_linear(x_P_I, fused[layer], self.offsets_S) * self.scale_P_1
+        hs = h_P_nRk.chunk(len(targets), dim=1)
+        return [self._add(y_R_O, grouped_linear(h_P_Rk, self.targets[t].b_L_S_O_Rk[layer],
+                                                self.offsets_S))
+                for y_R_O, h_P_Rk, t in zip(ys_R_O, hs, targets, strict=True)]
+
+    def _add(self, y_R_O: torch.Tensor, delta_P_O: torch.Tensor | None) -> torch.Tensor:
         if delta_P_O is None:
             return y_R_O
         # Whole-tensor adds: an in-place add on the slice y[:n] costs a full-size
@@ -98,6 +120,16 @@ class LoraBatch:
         d_N_O = d_P_O if real is None else d_P_O.index_select(0, real)
         n = self.rows.num_rows
         return F.pad(d_N_O, (0, 0, 0, num_rows - n)) if n < num_rows else d_N_O
+
+
+#: Targets that read the same input in a dense layer (`LoraBatch.fused_a`).
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fuse_a(targets: Mapping[str, StackedTarget]) -> dict[tuple[str, ...], torch.Tensor]:
+    """`LoraBatch.fused_a` of stacked targets (differentiable: a ``torch.cat``)."""
+    return {group: torch.cat([targets[t].a_L_S_Rk_I for t in group], dim=2)
+            for group in FUSED_GROUPS if all(t in targets for t in group)}
 
 
 def grouped_linear(x_N_I: torch.Tensor, w_S_O_I: torch.Tensor, offsets_S: torch.Tensor

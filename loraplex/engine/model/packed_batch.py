@@ -8,8 +8,9 @@ bits for every row count that is a multiple of 16, wherever the row sits.
 
 The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`, defined
 in `lora_batch`). When that costs little (training), segments are padded in place in the row
-layout; when it would multiply the rows (decode: one row per adapter), rows stay compact and the
-LoRA rows are gathered into a padded layout and their deltas scattered back. Both give every
+layout (also a decode step of one adapter: its padding is the batch's own); when it would
+multiply the rows (decode: one row per adapter), rows stay compact and the LoRA rows are
+gathered into a padded layout and their deltas scattered back. Both give every
 row the same bits. Attention works on a `TilePlan`. Knows nothing about weights; inconsistent
 cache metadata is a UserError.
 """
@@ -193,8 +194,19 @@ def _validate(seqs: Sequence[SequenceInput], block_size: int) -> None:
                              f"{s.num_cached + len(s.tokens)} positions")
 
 
-#: Pad segments in place while that adds at most this fraction of rows; else gather LoRA rows.
+#: Pad segments in place while that adds at most this fraction of rows to the compact layout;
+#: else gather LoRA rows.
 MAX_IN_PLACE_PADDING = 0.125
+
+
+def _in_place_extra_rows(sizes: Sequence[int], num_real: int, row_multiple: int) -> int:
+    """Rows that padding every adapter segment in place adds to the compact layout (whose
+    total is padded once): zero for one adapter and no base rows, as in a decode step."""
+    def padded(n: int) -> int:
+        return -(-n // row_multiple) * row_multiple
+
+    num_base = num_real - sum(sizes)
+    return sum(padded(n) for n in sizes) + padded(num_base) - padded(num_real)
 
 
 def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torch.device | str
@@ -206,8 +218,8 @@ def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torc
             order.append(s.adapter_id)
     sizes = [sum(len(s.tokens) for s in seqs if s.adapter_id == a) for a in order]
     num_real = sum(len(s.tokens) for s in seqs)
-    padding = sum(-n % row_multiple for n in sizes)
-    in_place = padding <= MAX_IN_PLACE_PADDING * num_real
+    in_place = _in_place_extra_rows(sizes, num_real, row_multiple) <= (
+        MAX_IN_PLACE_PADDING * num_real)
     row_start = [0] * len(seqs)
     tokens: list[int] = []
     positions: list[int] = []

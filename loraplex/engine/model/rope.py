@@ -59,16 +59,21 @@ class RopeTable:
         self.cos, self.sin = torch.cat(cos), torch.cat(sin)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[N, head_dim]`` for a ``[N]`` long tensor of absolute positions."""
+        """cos and signed sin (`apply_rope`) ``[N, 1, head_dim]``, broadcast over heads, for
+        a ``[N]`` long tensor of absolute positions."""
         if positions.numel():
             top = int(positions.max()) + 1
             if top > self.cos.shape[0]:
                 self._grow(top)
-        return self.cos[positions], self.sin[positions]
+        sin = self.sin[positions]
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return self.cos[positions][:, None, :], signed[:, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos/sin [N, head_dim]`` (HF half layout)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos``, ``signed_sin [N, 1, head_dim]``
+    (`RopeTable.lookup`). HF's ``x·cos + rotate_half(x)·sin``, rotate_half(x) = ``(-x₂, x₁)``,
+    bit for bit: ``(-x₂)·s₁ = x₂·(-s₁)`` exactly, so the halves are swapped (one roll) and
+    the sign rides on the table."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin

@@ -6,10 +6,11 @@ step share tiles: a tile's rows are its tokens' query heads of one KV head (toke
 *segment* is a set of tokens that read the same page at every step of a step range: all new
 tokens of a sequence (training, prefill), or the G samples of a request over their shared
 prompt pages, which then split into one segment per sample on its private pages. So a shared
-prefix is read once per step for all its readers, and a one-token decode step costs a 4-row
-tile. A `TilePhase` batches the tiles of all segments that start at the same step and have the
-same row count: one batched matmul per operand and step, the tiles' softmax state kept in tile
-layout across its steps (tiles sorted so that the still-active ones are a prefix).
+prefix is read once per step for all its readers, and a one-token decode step costs a tile of
+its query heads per KV head padded with zero rows to the 4-row quantum. A `TilePhase`
+batches the tiles of all segments that start at the same step and have the same row count:
+one batched matmul per operand and step, the tiles' softmax state kept in tile layout across
+its steps (tiles sorted so that the still-active ones are a prefix).
 
 Row counts are multiples of `ROW_QUANTUM` (4): MKL gives a row the same bits in any such
 matmul, wherever it sits and whatever the other rows hold, and every other step is row-local,
@@ -163,8 +164,10 @@ def plan_tiles(seq_num_cached: Sequence[int], seq_num_new: Sequence[int],
     groups = num_heads // num_kv_heads
     min_tokens = ROW_QUANTUM // math.gcd(groups, ROW_QUANTUM)  # fewest filling whole quanta
     max_tokens = max(min_tokens, MAX_TILE_ROWS // groups // min_tokens * min_tokens)
-    tile_sizes = sorted({*(min_tokens << k for k in range(max_tokens.bit_length())
-                           if min_tokens << k < max_tokens), max_tokens})
+    # Powers of two from one token (a decode token's tile: its query heads, padded with zero
+    # rows to the quantum), and the largest tile.
+    tile_sizes = sorted({*(1 << k for k in range(max_tokens.bit_length())
+                           if 1 << k < max_tokens), max_tokens})
     spans = [_Span(i, r - c, c, c + n) for i, (c, n, r)
              in enumerate(zip(seq_num_cached, seq_num_new, seq_row_start, strict=True))]
     tiles_by_phase: dict[tuple[int, int], list[_Tile]] = {}
@@ -247,6 +250,9 @@ def _build_phase(tiles: list[_Tile], first_step: int, size: int, block_size: int
     heads_Hkv_G = torch.arange(num_heads).view(num_kv_heads, groups)
     index = rows_N_T[:, None, :, None] * num_heads + heads_Hkv_G[None, :, None, :]
     index = torch.where(rows_N_T[:, None, :, None] < 0, num_rows * num_heads, index)
+    tile_rows = -(-size * groups // ROW_QUANTUM) * ROW_QUANTUM  # zero rows pad to the quantum
+    index = _pad_rows(index.reshape(len(tiles), num_kv_heads, size * groups), -1, tile_rows,
+                      num_rows * num_heads)
     steps = []
     for step in range(first_step, tiles[0].end_step):
         active = [t for t in tiles if t.end_step > step]
@@ -259,10 +265,20 @@ def _build_phase(tiles: list[_Tile], first_step: int, size: int, block_size: int
                 t.key_limits + [block_start + block_size] * (size - len(t.key_limits))
                 for t in masked])
             keys_B = block_start + torch.arange(block_size)
-            mask = (keys_B >= limits_M_T[:, :, None]).repeat_interleave(groups, dim=1)[:, None]
-            mask = mask.to(device)
+            mask = (keys_B >= limits_M_T[:, :, None]).repeat_interleave(groups, dim=1)
+            mask = _pad_rows(mask, 1, tile_rows, False)[:, None].to(device)
         is_range = pages == list(range(pages[0], pages[0] + len(pages)))
         steps.append(TileStep(len(active), torch.tensor(pages, dtype=torch.long, device=device),
                               (pages[0], pages[0] + len(pages)) if is_range else None, mask))
-    return TilePhase(index.reshape(-1).to(device), (len(tiles), num_kv_heads, size * groups),
+    return TilePhase(index.reshape(-1).to(device), (len(tiles), num_kv_heads, tile_rows),
                      first_step, tuple(steps))
+
+
+def _pad_rows(x: torch.Tensor, dim: int, rows: int, value: int | bool) -> torch.Tensor:
+    """``x`` with its tile-row dimension ``dim`` padded with ``value`` to ``rows``."""
+    missing = rows - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_full(shape, value)], dim=dim)

@@ -31,7 +31,11 @@ from loraplex.engine.model.moe_dispatch import TokenRows
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 from loraplex.engine.model.rope import RopeTable, apply_rope
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.model.weights import BaseWeights, LayerWeights
+from loraplex.engine.model.weights import (
+    BaseWeights,
+    LayerWeights,
+    fuse_projections,
+)
 from loraplex.errors import user_error
 
 
@@ -67,6 +71,8 @@ class Transformer:
         self.device = weights.embed.device
         self.dtype = weights.embed.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
+        # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
+        self._fused = [fuse_projections(layer) for layer in weights.layers]
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
         self._sparse: dict[int, SparseMlp] = {}
@@ -135,9 +141,11 @@ class Transformer:
                    sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
                    kv: PagedKVCache | None) -> torch.Tensor:
         spec, rows = self.spec, h_R_D.shape[0]
-        q = _linear(h_R_D, layer.q_proj, lora, "q_proj", i).view(rows, spec.num_heads, -1)
-        k = _linear(h_R_D, layer.k_proj, lora, "k_proj", i).view(rows, spec.num_kv_heads, -1)
-        v = _linear(h_R_D, layer.v_proj, lora, "v_proj", i).view(rows, spec.num_kv_heads, -1)
+        q, k, v = _fused_linear(h_R_D, self._fused[i].qkv, self._fused[i].qkv_sizes, lora,
+                                ("q_proj", "k_proj", "v_proj"), i)
+        q = q.view(rows, spec.num_heads, -1)
+        k = k.view(rows, spec.num_kv_heads, -1)
+        v = v.view(rows, spec.num_kv_heads, -1)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
@@ -165,9 +173,21 @@ class Transformer:
         """A dense MLP; ``i`` is its LoRA layer index (its index among the dense layers)."""
         assert layer.gate_proj is not None and layer.up_proj is not None
         assert layer.down_proj is not None
-        gate = _linear(h_R_D, layer.gate_proj, lora, "gate_proj", i)
-        up = _linear(h_R_D, layer.up_proj, lora, "up_proj", i)
+        outs = [F.linear(h_R_D, layer.gate_proj), F.linear(h_R_D, layer.up_proj)]
+        gate, up = outs if lora is None else lora.add_deltas(outs, h_R_D,
+                                                             ("gate_proj", "up_proj"), i)
         return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)
+
+
+def _fused_linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, sizes: tuple[int, ...],
+                  lora: LoraBatch | None, targets: tuple[str, ...], layer: int
+                  ) -> list[torch.Tensor]:
+    """Linears sharing an input as one base GEMM (``w`` = their weights stacked by rows),
+    split into each one's output plus its LoRA delta."""
+    outs = F.linear(x_R_I, w_O_I).split(sizes, dim=1)
+    if lora is None:
+        return list(outs)
+    return lora.add_deltas(outs, x_R_I, targets, layer)
 
 
 def _linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, lora: LoraBatch | None, target: str,

@@ -69,8 +69,11 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
     if greedy.numel():
         tokens[greedy] = torch.argmax(logits.index_select(0, greedy), dim=-1)
     is_truncated = ((params.top_k_B > 0) & (params.top_k_B < vocab)) | (params.top_p_B < 1)
-    plain = (~is_greedy & ~is_truncated).nonzero().squeeze(1)
-    if plain.numel():
+    is_plain = ~is_greedy & ~is_truncated
+    if bool(is_plain.all()):  # the RL case: no row copies
+        tokens = _inverse_cdf(logprobs_B_V.exp(), params.uniform_B)
+    elif bool(is_plain.any()):
+        plain = is_plain.nonzero().squeeze(1)
         probs = logprobs_B_V.index_select(0, plain).exp()
         tokens[plain] = _inverse_cdf(probs, params.uniform_B[plain])
     truncated = (~is_greedy & is_truncated).nonzero().squeeze(1)
@@ -90,7 +93,7 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
 def _inverse_cdf(probs_N_V: torch.Tensor, uniform_N: torch.Tensor) -> torch.Tensor:
     """Index where the fp64 running sum of each row first exceeds ``u · total``; a token with
     zero probability can never be chosen (its running sum equals its predecessor's)."""
-    cum = probs_N_V.to(torch.float64).cumsum(-1)
+    cum = probs_N_V.cumsum(-1, dtype=torch.float64)  # fp64 running sums (converted exactly)
     target = uniform_N * cum[:, -1]
     index = torch.searchsorted(cum, target[:, None], right=True).squeeze(1)
     return index.clamp_max(probs_N_V.shape[1] - 1)

@@ -130,3 +130,14 @@ def test_in_place_and_gathered_lora_layouts_give_identical_bits(
             return batch.gather_from_rows(model.logits(model.forward(batch, lora), lora))
 
     assert torch.equal(logits(0.0), logits(10.0))
+
+
+def test_one_adapter_decode_pads_its_segment_in_place_at_no_extra_rows() -> None:
+    """8 decode rows of one adapter: the batch pads to 16 rows anyway, so the segment is padded
+    in place (no per-linear gather/scatter); 8 adapters would add 7 × 16 rows: gathered."""
+    one = pack([SequenceInput([i + 1], "a", 10, [0]) for i in range(8)])
+    assert one.num_rows == 16 and one.lora_rows is not None
+    assert one.lora_rows.gather_P is None and one.lora_rows.segment_ends == (16,)
+    many = pack([SequenceInput([i + 1], f"a{i}", 10, [0]) for i in range(8)])
+    assert many.num_rows == 16 and many.lora_rows is not None
+    assert many.lora_rows.gather_P is not None
