@@ -154,7 +154,7 @@ def run_demo(base_url: str, api_key: str, cfg: DemoConfig, out_dir: Path,
     phases: dict[str, dict[str, Any]] = {}
     if cfg.eval_base:
         t0 = time.perf_counter()
-        base = ctx.service.create_sampling_client(base_model=cfg.base_model)
+        base = ctx.service.create_sampling_client(base_model=cfg.base_model).result()
         phases["base"] = _evaluate("base model", base, ctx)
         walls["base_eval_s"] = time.perf_counter() - t0
     if cfg.sft_steps > 0:

@@ -60,7 +60,7 @@ def test_grpo_raises_smollm2_arithmetic_reward(tmp_path: Path, smollm2_data_dir:
     try:
         with live_server(ctx) as url:
             service = tinker.ServiceClient(base_url=url, api_key="tml-smollm2-grpo")
-            base = service.create_sampling_client(base_model=SERVED)
+            base = service.create_sampling_client(base_model=SERVED).result()
             base_reward, _ = pass_rates(base, renderer, task, EVAL_SAMPLES, params)
             training = service.create_lora_training_client(SERVED, rank=cfg.rank, seed=0).result()
             rows = [grpo_step(service, training, renderer, task, cfg, step).row
