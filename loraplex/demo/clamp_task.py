@@ -68,6 +68,10 @@ class ClampPrompt:
     text: str
     shown: tuple[Fixture, ...]
 
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.text}]
+
 
 def _format_examples(fixtures: tuple[Fixture, ...]) -> str:
     return "\n".join(f"clamp({x}, {lo}, {hi}) == {want}" for x, lo, hi, want in fixtures)

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import tinker
 
-from loraplex.demo.clamp_task import HELDOUT_FIXTURES, TRAIN_FIXTURES, ClampPrompt
-from loraplex.demo.grader import reward
 from loraplex.demo.rendering import Renderer
+from loraplex.demo.task import DemoTask, TaskPrompt
 
 
 @dataclass(frozen=True)
@@ -30,39 +29,36 @@ def seeded_for(params: tinker.SamplingParams, prompt_id: int) -> tinker.Sampling
     return params.model_copy(update={"seed": base * 1_000_003 + prompt_id})
 
 
-def sample_group(
-    sampler: tinker.SamplingClient, renderer: Renderer, prompt: ClampPrompt,
-    num_samples: int, params: tinker.SamplingParams,
-) -> list[Completion]:
-    """Sample `num_samples` completions of one prompt (one request, shared prompt KV)."""
-    tokens = renderer.prompt_tokens(prompt.text)
-    response = sampler.sample(tinker.ModelInput.from_ints(tokens), num_samples,
-                              seeded_for(params, prompt.prompt_id)).result()
-    out = []
-    for seq in response.sequences:
-        text = renderer.decode(list(seq.tokens))
-        out.append(Completion(
-            prompt.prompt_id, list(seq.tokens), [float(x) for x in seq.logprobs or []], text,
-            reward(text, TRAIN_FIXTURES), reward(text, HELDOUT_FIXTURES),
-        ))
-    return out
+def sample_groups(
+    sampler: tinker.SamplingClient, renderer: Renderer, task: DemoTask,
+    prompts: tuple[TaskPrompt, ...], num_samples: int, params: tinker.SamplingParams,
+) -> list[list[Completion]]:
+    """`num_samples` graded completions of each prompt: one request per prompt (shared prompt
+    KV), all submitted before any is awaited so the server batches them together."""
+    futures = [
+        sampler.sample(tinker.ModelInput.from_ints(renderer.prompt_tokens(p.messages)),
+                       num_samples, seeded_for(params, p.prompt_id))
+        for p in prompts
+    ]
+    groups = []
+    for prompt, future in zip(prompts, futures, strict=True):
+        group = []
+        for seq in future.result().sequences:
+            text = renderer.decode(list(seq.tokens))
+            score, heldout = task.grade(prompt, text)
+            group.append(Completion(prompt.prompt_id, list(seq.tokens),
+                                    [float(x) for x in seq.logprobs or []], text, score, heldout))
+        groups.append(group)
+    return groups
 
 
 def pass_rates(
-    sampler: tinker.SamplingClient, renderer: Renderer, prompts: tuple[ClampPrompt, ...],
+    sampler: tinker.SamplingClient, renderer: Renderer, task: DemoTask,
     samples_per_prompt: int, params: tinker.SamplingParams,
 ) -> tuple[float, float]:
-    """(train-fixture pass rate, held-out pass rate) over all prompts, submitted concurrently."""
-    futures = []
-    for prompt in prompts:
-        tokens = tinker.ModelInput.from_ints(renderer.prompt_tokens(prompt.text))
-        futures.append(sampler.sample(tokens, samples_per_prompt,
-                                      seeded_for(params, prompt.prompt_id)))
-    train, heldout, total = 0.0, 0.0, 0
-    for future in futures:
-        for seq in future.result().sequences:
-            text = renderer.decode(list(seq.tokens))
-            train += reward(text, TRAIN_FIXTURES)
-            heldout += reward(text, HELDOUT_FIXTURES)
-            total += 1
-    return train / total, heldout / total
+    """(reward, held-out reward) means over the task's evaluation prompts — for clamp the
+    train-fixture and held-out-fixture pass rates."""
+    groups = sample_groups(sampler, renderer, task, task.eval_prompts, samples_per_prompt, params)
+    done = [c for g in groups for c in g]
+    return (sum(c.reward for c in done) / len(done),
+            sum(c.heldout_reward for c in done) / len(done))

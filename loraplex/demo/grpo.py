@@ -13,10 +13,10 @@ from typing import Any
 
 import tinker
 
-from loraplex.demo.clamp_task import ClampPrompt
 from loraplex.demo.config import DemoConfig
-from loraplex.demo.evaluate import Completion, sample_group
+from loraplex.demo.evaluate import Completion, sample_groups
 from loraplex.demo.rendering import Renderer, rl_datum
+from loraplex.demo.task import DemoTask, TaskPrompt
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class StepOutcome:
 
 def grpo_step(
     service: tinker.ServiceClient, training: tinker.TrainingClient, renderer: Renderer,
-    prompts: tuple[ClampPrompt, ...], cfg: DemoConfig, step: int,
+    task: DemoTask, cfg: DemoConfig, step: int,
 ) -> StepOutcome:
     t0 = time.perf_counter()
     sampler_path = training.save_weights_for_sampler(f"rl-{step:04d}").result().path
@@ -39,7 +39,8 @@ def grpo_step(
         max_tokens=cfg.max_tokens, temperature=cfg.temperature,
         stop=[renderer.end_token], seed=cfg.seed * 100_003 + step,
     )
-    groups = [sample_group(sampler, renderer, p, cfg.group_size, params) for p in prompts]
+    prompts = task.rollout_prompts(step)
+    groups = sample_groups(sampler, renderer, task, prompts, cfg.group_size, params)
     datums, kept, trajectories = _build_batch(renderer, prompts, groups, sampler_path, step)
     row: dict[str, Any] = {"phase": "rl", "step": step, "loss": None, "kl_sample_train": None}
     rewards = [c.reward for g in groups for c in g]
@@ -64,7 +65,7 @@ def grpo_step(
 
 
 def _build_batch(
-    renderer: Renderer, prompts: tuple[ClampPrompt, ...], groups: list[list[Completion]],
+    renderer: Renderer, prompts: tuple[TaskPrompt, ...], groups: list[list[Completion]],
     sampler_path: str, step: int,
 ) -> tuple[list[tinker.Datum], list[Completion], list[dict[str, Any]]]:
     datums: list[tinker.Datum] = []
@@ -73,7 +74,7 @@ def _build_batch(
     for prompt, group in zip(prompts, groups, strict=True):
         mean = sum(c.reward for c in group) / len(group)
         constant = all(c.reward == group[0].reward for c in group)
-        prompt_tokens = renderer.prompt_tokens(prompt.text)
+        prompt_tokens = renderer.prompt_tokens(prompt.messages)
         for c in group:
             advantage = c.reward - mean
             trajectories.append({

@@ -50,8 +50,11 @@ class RunRecords:
         fig, (ax_sft, ax_rl) = plt.subplots(1, 2, figsize=(10, 4))
         ax_sft.plot([r["step"] for r in sft], [r["loss"] for r in sft], marker=".")
         ax_sft.set(title="SFT warm start", xlabel="step", ylabel="loss (mean NLL per token)")
+        if not sft:
+            ax_sft.text(0.5, 0.5, "no warm start: GRPO from the base model",
+                        ha="center", va="center", transform=ax_sft.transAxes)
         ax_rl.plot([r["step"] for r in rl], [r["pass_rate"] for r in rl], marker="o")
-        ax_rl.set(title="GRPO", xlabel="step", ylabel="pass rate", ylim=(-0.02, 1.02))
+        ax_rl.set(title="GRPO", xlabel="step", ylabel="pass rate (reward)", ylim=(-0.02, 1.02))
         ax_rl.grid(alpha=0.3)
         fig.tight_layout()
         path = self.out_dir / "curves.png"

@@ -34,8 +34,8 @@ class Renderer:
                 return Renderer(tokenizer, vocab[name])
         return Renderer(tokenizer, int(tokenizer.eos_token_id))
 
-    def prompt_tokens(self, text: str) -> list[int]:
-        messages = [{"role": "user", "content": text}]
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat template applied to `messages`, with the assistant generation prompt."""
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True
         )

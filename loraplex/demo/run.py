@@ -1,4 +1,5 @@
-"""The whole demo against a running server: SFT warm start, pass-rate check, GRPO, final eval.
+"""The whole demo against a running server: the base model's pass rate (when asked), SFT warm
+start (when the task has one), pass-rate check, GRPO, final eval.
 
 Only the official `tinker` SDK talks to the server. Progress bars and a per-step table go to the
 console; metrics, manifest, summary and curves go to the output folder.
@@ -7,7 +8,7 @@ console; metrics, manifest, summary and curves go to the output folder.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,15 @@ import tinker
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loraplex.demo.clamp_task import HELDOUT_FIXTURES, TRAIN_FIXTURES, build_prompts
+from loraplex.demo.arithmetic_task import ArithmeticPrompt
+from loraplex.demo.clamp_task import HELDOUT_FIXTURES, TRAIN_FIXTURES
 from loraplex.demo.config import DemoConfig
 from loraplex.demo.evaluate import pass_rates
 from loraplex.demo.grpo import grpo_step
 from loraplex.demo.records import RunRecords
 from loraplex.demo.rendering import Renderer
 from loraplex.demo.sft import run_sft
+from loraplex.demo.task import DemoTask, build_task
 
 
 def _progress(console: Console) -> Progress:
@@ -47,8 +50,12 @@ def _print_rl_row(console: Console, row: dict[str, Any]) -> None:
     )
 
 
-def _manifest_header(cfg: DemoConfig, training: tinker.TrainingClient, renderer: Renderer) -> dict:
-    info = training.get_info()
+def _manifest_header(ctx: _Run) -> dict:
+    cfg, renderer = ctx.cfg, ctx.renderer
+    info = ctx.training.get_info()
+    fixtures = ({"train": TRAIN_FIXTURES, "heldout": HELDOUT_FIXTURES} if cfg.task == "clamp"
+                else {"eval_problems": [[p.x, p.y] for p in ctx.task.eval_prompts
+                                        if isinstance(p, ArithmeticPrompt)]})
     return {
         "model_id": info.model_id,
         "base_model": cfg.base_model,
@@ -61,67 +68,128 @@ def _manifest_header(cfg: DemoConfig, training: tinker.TrainingClient, renderer:
                       "sft_learning_rate": cfg.sft_learning_rate,
                       "rl_learning_rate": cfg.rl_learning_rate},
         "config": asdict(cfg),
-        "fixtures": {"train": TRAIN_FIXTURES, "heldout": HELDOUT_FIXTURES},
+        "task": cfg.task,
+        "fixtures": fixtures,
         "steps": [],
     }
 
 
-def run_demo(base_url: str, api_key: str, cfg: DemoConfig, out_dir: Path,
-             console: Console) -> dict[str, Any]:
-    """Run the clamp story end to end; return the summary (also written to summary.json)."""
-    t_start = time.perf_counter()
-    records = RunRecords(out_dir)
-    service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
-    training = service.create_lora_training_client(cfg.base_model, rank=cfg.rank,
-                                                   seed=cfg.seed).result()
-    renderer = Renderer.for_tokenizer(training.get_tokenizer())
-    prompts = build_prompts(cfg.num_prompts, cfg.seed)
-    records.manifest = _manifest_header(cfg, training, renderer)
-    eval_params = tinker.SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
-                                        stop=[renderer.end_token], seed=cfg.seed + 7)
-    with _progress(console) as progress:
-        task = progress.add_task("SFT warm start", total=cfg.sft_steps)
+def _evaluate(label: str, sampler: tinker.SamplingClient, ctx: _Run) -> dict[str, float]:
+    score, heldout = pass_rates(sampler, ctx.renderer, ctx.task, ctx.cfg.eval_samples_per_prompt,
+                                ctx.eval_params)
+    name = ctx.task.score_name
+    extra = f" (held-out {heldout:.3f})" if ctx.task.name == "clamp" else ""
+    ctx.console.print(f"{label}: {name} {score:.3f}{extra}")
+    return {"pass_rate": score, "heldout_pass_rate": heldout}
+
+
+def _checkpoint_eval(label: str, name: str, ctx: _Run) -> dict[str, Any]:
+    """Save state and sampler weights under `name`, and measure the pass rates there."""
+    state = ctx.training.save_state(name).result().path
+    sampler_path = ctx.training.save_weights_for_sampler(name).result().path
+    sampler = ctx.service.create_sampling_client(model_path=sampler_path).result()
+    return {"state_path": state, "sampler_path": sampler_path, **_evaluate(label, sampler, ctx)}
+
+
+def _sft_phase(ctx: _Run) -> None:
+    with _progress(ctx.console) as progress:
+        bar = progress.add_task("SFT warm start", total=ctx.cfg.sft_steps)
 
         def on_sft_step(row: dict[str, Any]) -> None:
-            records.log(row)
-            progress.advance(task)
+            ctx.records.log(row)
+            progress.advance(bar)
 
-        run_sft(training, renderer, prompts, cfg, on_sft_step)
-    sft_state = training.save_state("sft").result().path
-    sft_sampler_path = training.save_weights_for_sampler("sft").result().path
-    sft_sampler = service.create_sampling_client(model_path=sft_sampler_path).result()
-    sft_pass, sft_heldout = pass_rates(sft_sampler, renderer, prompts,
-                                       cfg.eval_samples_per_prompt, eval_params)
-    console.print(f"after SFT: pass rate {sft_pass:.3f} (held-out {sft_heldout:.3f})")
-    records.manifest["sft"] = {"state_path": sft_state, "sampler_path": sft_sampler_path,
-                               "pass_rate": sft_pass, "heldout_pass_rate": sft_heldout}
-    with _progress(console) as progress:
-        task = progress.add_task("GRPO", total=cfg.rl_steps)
-        for step in range(cfg.rl_steps):
-            outcome = grpo_step(service, training, renderer, prompts, cfg, step)
-            records.log(outcome.row)
-            records.manifest["steps"].append({
+        run_sft(ctx.training, ctx.renderer, ctx.task, ctx.cfg, on_sft_step)
+
+
+def _rl_phase(ctx: _Run) -> None:
+    with _progress(ctx.console) as progress:
+        bar = progress.add_task("GRPO", total=ctx.cfg.rl_steps)
+        for step in range(ctx.cfg.rl_steps):
+            outcome = grpo_step(ctx.service, ctx.training, ctx.renderer, ctx.task, ctx.cfg, step)
+            ctx.records.log(outcome.row)
+            ctx.records.manifest["steps"].append({
                 "step": step, "sampler_path": outcome.sampler_path,
                 "trajectories": outcome.trajectories,
             })
             _print_rl_row(progress.console, outcome.row)
-            progress.advance(task)
-    final_state = training.save_state("final").result().path
-    final_sampler_path = training.save_weights_for_sampler("final").result().path
-    final_sampler = service.create_sampling_client(model_path=final_sampler_path).result()
-    final_pass, final_heldout = pass_rates(final_sampler, renderer, prompts,
-                                           cfg.eval_samples_per_prompt, eval_params)
-    rl_rows = [r for r in records.rows if r["phase"] == "rl" and r["kl_sample_train"] is not None]
-    summary = {
-        "sft_pass_rate": sft_pass, "final_pass_rate": final_pass,
-        "heldout_pass_rate": final_heldout, "sft_heldout_pass_rate": sft_heldout,
-        "max_abs_kl_sample_train": max((abs(r["kl_sample_train"]) for r in rl_rows), default=None),
-        "wall_s": time.perf_counter() - t_start,
-        "final_state_path": final_state, "final_sampler_path": final_sampler_path,
-    }
-    records.manifest["final"] = summary
-    records.write_json("manifest.json", records.manifest)
-    records.write_json("summary.json", summary)
-    records.plot_curves()
-    service.close("success").result()
+            progress.advance(bar)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every phase of one run shares."""
+
+    cfg: DemoConfig
+    task: DemoTask
+    service: tinker.ServiceClient
+    training: tinker.TrainingClient
+    renderer: Renderer
+    records: RunRecords
+    console: Console
+    eval_params: tinker.SamplingParams
+
+
+def _start(base_url: str, api_key: str, cfg: DemoConfig, out_dir: Path,
+           console: Console) -> _Run:
+    service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
+    training = service.create_lora_training_client(cfg.base_model, rank=cfg.rank,
+                                                   seed=cfg.seed).result()
+    renderer = Renderer.for_tokenizer(training.get_tokenizer())
+    eval_params = tinker.SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                        stop=[renderer.end_token], seed=cfg.seed + 7)
+    ctx = _Run(cfg, build_task(cfg), service, training, renderer, RunRecords(out_dir), console,
+               eval_params)
+    ctx.records.manifest = _manifest_header(ctx)
+    return ctx
+
+
+def run_demo(base_url: str, api_key: str, cfg: DemoConfig, out_dir: Path,
+             console: Console) -> dict[str, Any]:
+    """Run the story end to end (base eval, SFT warm start, GRPO, final eval, each where the
+    config asks for it); return the summary (also written to summary.json)."""
+    t_start = time.perf_counter()
+    ctx = _start(base_url, api_key, cfg, out_dir, console)
+    walls: dict[str, float] = {}
+    phases: dict[str, dict[str, Any]] = {}
+    if cfg.eval_base:
+        t0 = time.perf_counter()
+        base = ctx.service.create_sampling_client(base_model=cfg.base_model).result()
+        phases["base"] = _evaluate("base model", base, ctx)
+        walls["base_eval_s"] = time.perf_counter() - t0
+    if cfg.sft_steps > 0:
+        t0 = time.perf_counter()
+        _sft_phase(ctx)
+        phases["sft"] = _checkpoint_eval("after SFT", "sft", ctx)
+        walls["sft_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _rl_phase(ctx)
+    phases["final"] = _checkpoint_eval(f"after {cfg.rl_steps} GRPO steps", "final", ctx)
+    walls["rl_s"] = time.perf_counter() - t0
+    summary = _summary(ctx, phases, {**walls, "wall_s": time.perf_counter() - t_start})
+    ctx.records.manifest.update(phases)
+    ctx.records.manifest["final"] = summary
+    ctx.records.write_json("manifest.json", ctx.records.manifest)
+    ctx.records.write_json("summary.json", summary)
+    ctx.records.plot_curves()
+    ctx.service.close("success").result()
     return summary
+
+
+def _summary(ctx: _Run, phases: dict[str, dict[str, Any]], walls: dict[str, float]
+             ) -> dict[str, Any]:
+    rl_rows = [r for r in ctx.records.rows if r["phase"] == "rl"]
+    kls = [abs(r["kl_sample_train"]) for r in rl_rows if r["kl_sample_train"] is not None]
+    base, sft, final = phases.get("base", {}), phases.get("sft", {}), phases["final"]
+    return {
+        "task": ctx.task.name, "base_model": ctx.cfg.base_model,
+        "base_pass_rate": base.get("pass_rate"),
+        "base_heldout_pass_rate": base.get("heldout_pass_rate"),
+        "sft_pass_rate": sft.get("pass_rate"),
+        "sft_heldout_pass_rate": sft.get("heldout_pass_rate"),
+        "final_pass_rate": final["pass_rate"], "heldout_pass_rate": final["heldout_pass_rate"],
+        "rl_pass_rate_by_step": [r["pass_rate"] for r in rl_rows],
+        "max_abs_kl_sample_train": max(kls, default=None),
+        **walls,
+        "final_state_path": final["state_path"], "final_sampler_path": final["sampler_path"],
+    }

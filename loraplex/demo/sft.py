@@ -8,23 +8,23 @@ from typing import Any
 
 import tinker
 
-from loraplex.demo.clamp_task import ClampPrompt, sft_examples
 from loraplex.demo.config import DemoConfig
 from loraplex.demo.rendering import Renderer, sft_datum
+from loraplex.demo.task import DemoTask
 
 
 def run_sft(
-    training: tinker.TrainingClient, renderer: Renderer, prompts: tuple[ClampPrompt, ...],
-    cfg: DemoConfig, on_step: Callable[[dict[str, Any]], None],
+    training: tinker.TrainingClient, renderer: Renderer, task: DemoTask, cfg: DemoConfig,
+    on_step: Callable[[dict[str, Any]], None],
 ) -> None:
     """`cfg.sft_steps` steps of pipelined forward_backward + optim_step over the warm-start mix.
 
     Each step's row reports the mean NLL per completion token (``loss:sum`` / weight sum).
     """
-    pairs = sft_examples(prompts, cfg.sft_correct_fraction, cfg.seed)
     datums = [
-        sft_datum(renderer.prompt_tokens(p.text), renderer.completion_tokens(c), renderer.end_token)
-        for p, c in pairs
+        sft_datum(renderer.prompt_tokens(p.messages), renderer.completion_tokens(c),
+                  renderer.end_token)
+        for p, c in task.sft_pairs()
     ]
     adam = tinker.AdamParams(learning_rate=cfg.sft_learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
     cursor = 0

