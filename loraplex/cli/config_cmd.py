@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from loraplex.cli.config_sources import LoadedConfig, sections
@@ -36,13 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_show(args: argparse.Namespace) -> int:
     from loraplex.cli.serve_cmd import load_from_args
-    from loraplex.errors import LoraplexError
 
-    try:
-        loaded = load_from_args(args)
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    loaded = load_from_args(args)
     print(json.dumps(as_json(loaded), indent=2) if args.json else as_lines(loaded))
     return 0
 

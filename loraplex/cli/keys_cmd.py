@@ -13,7 +13,6 @@ import argparse
 import sys
 
 from loraplex.config import ServerConfig
-from loraplex.errors import LoraplexError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,16 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_create(args: argparse.Namespace) -> int:
     from loraplex.store.stores import open_stores
 
-    try:
-        stores = open_stores(args.data_dir)
-    except LoraplexError as err:  # a read-only or refused data dir: one line, no traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    stores = open_stores(args.data_dir)  # a refused data dir: `main` prints one line
     try:
         print(stores.keys.create(args.name, operator=args.operator))
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     finally:
         stores.close()
     return 0
@@ -55,11 +47,7 @@ def run_create(args: argparse.Namespace) -> int:
 def run_revoke(args: argparse.Namespace) -> int:
     from loraplex.store.stores import open_stores
 
-    try:
-        stores = open_stores(args.data_dir)
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    stores = open_stores(args.data_dir)
     try:
         n = stores.keys.revoke(args.name)
     finally:

@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-
-from loraplex.errors import LoraplexError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,11 +47,7 @@ def _create(args: argparse.Namespace) -> int:
     from loraplex.engine.builtin.model import create_builtin_model
     from loraplex.engine.model.spec import ModelSpec
 
-    try:
-        path = create_builtin_model(args.directory, args.arch, args.size, args.seed)
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    path = create_builtin_model(args.directory, args.arch, args.size, args.seed)
     spec = ModelSpec.from_dir(path)
     print(f"wrote {args.size} {args.arch} model ({spec.num_params():,} parameters, "
           f"vocab {spec.vocab_size}) to {path}")
@@ -64,11 +57,7 @@ def _create(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from loraplex.engine.model.spec import ModelSpec
 
-    try:
-        info = ModelSpec.from_dir(args.directory).model_info()
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    info = ModelSpec.from_dir(args.directory).model_info()
     print(json.dumps({"vocab_size": info.vocab_size, **dataclasses.asdict(info)}, indent=2))
     return 0
 
@@ -79,11 +68,7 @@ def _import_gguf(args: argparse.Namespace) -> int:
     from loraplex.engine.gguf.model_dir import import_gguf
     from loraplex.engine.model.spec import ModelSpec
 
-    try:
-        path = import_gguf(args.file, args.directory, getattr(torch, args.dtype))
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    path = import_gguf(args.file, args.directory, getattr(torch, args.dtype))
     spec = ModelSpec.from_dir(path)
     print(f"wrote {spec.arch} model ({spec.num_params():,} parameters, vocab {spec.vocab_size}, "
           f"{args.dtype}) from {args.file} to {path}")

@@ -44,17 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loraplex.errors import LoraplexError
-
     path = os.path.join(args.data_dir, DB_FILE)
     if not os.path.exists(path):
         print(f"error: no loraplex database in {args.data_dir}", file=sys.stderr)
         return 2
-    try:
-        report = _report(args, path)
-    except LoraplexError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    report = _report(args, path)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
