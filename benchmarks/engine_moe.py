@@ -46,6 +46,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.adapters import nonzero_adapter
 from benchmarks.engine_sample import (
     FANOUT,
     Engines,
@@ -157,17 +158,12 @@ def measure_train(model_dir: str, rounds: int) -> dict[str, Any]:
 
 
 def measure_sample(model_dir: Path, rounds: int) -> dict[str, Any]:
-    from loraplex.domain.lora import LoraConfig
     from loraplex.engine.lora.bank import AdapterBank
     from loraplex.engine.model.loader import load_model
 
     model = load_model(model_dir, EngineConfig(batch_invariant=True))
     bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
-    adapter = bank.create("policy", LoraConfig(rank=RANK, alpha=LORA.alpha, seed=0))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for w in adapter.weights.values():
-            w.b_L_O_Rk.copy_(torch.randn(w.b_L_O_Rk.shape, generator=gen) * 0.02)
+    nonzero_adapter(bank, RANK, LORA.alpha)
     engines = Engines(model_dir, model, model, bank, peft_moe(str(model_dir), train=False))
     vocab = model.spec.vocab_size
     warm = Workload("warm", 8, 128, 8, 4)

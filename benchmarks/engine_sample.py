@@ -46,11 +46,11 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.adapters import nonzero_adapter
 from benchmarks.probe import load_average, probe_machine
 from benchmarks.real_models import LABELS, MODELS, result_stem, smollm2_dir
 from loraplex.config import EngineConfig
 from loraplex.cost.flops import forward_flops
-from loraplex.domain.lora import LoraConfig
 from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
 from loraplex.domain.work import SampleWork
 from loraplex.engine.builtin.model import ensure_builtin_model
@@ -125,11 +125,7 @@ def build(model_dir: Path) -> Engines:
     invariant = load_model(model_dir, EngineConfig(batch_invariant=True))
     fast = load_model(model_dir, EngineConfig(batch_invariant=False))
     bank = AdapterBank(invariant.spec, "cpu", max_rank=RANK)
-    adapter = bank.create("policy", LoraConfig(rank=RANK, alpha=ALPHA, seed=0))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # B ≠ 0: the adapter changes every logit
-        for w in adapter.weights.values():
-            w.b_L_O_Rk.copy_(torch.randn(w.b_L_O_Rk.shape, generator=gen) * 0.02)
+    adapter = nonzero_adapter(bank, RANK, ALPHA)
     return Engines(model_dir, invariant, fast, bank, peft_baseline(model_dir, adapter))
 
 

@@ -41,6 +41,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from tqdm import tqdm
 
 from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks.adapters import nonzero_adapter
 from benchmarks.probe import load_average, probe_machine
 from benchmarks.real_models import LABELS, MODELS, smollm2_dir
 
@@ -72,20 +73,13 @@ def paired(step: Callable[[], object], gemms: Callable[[], object], head: Callab
 
 def measure(model_dir: Path, steps: int, kinds: tuple[str, ...]) -> dict[str, Any]:
     """Decode step, training step and their base GEMMs (ms, process CPU time)."""
-    import torch
-
     from loraplex.config import EngineConfig
-    from loraplex.domain.lora import LoraConfig
     from loraplex.engine.lora.bank import AdapterBank
     from loraplex.engine.model.loader import load_model
 
     model = load_model(model_dir, EngineConfig(batch_invariant=True))
     bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
-    adapter = bank.create("policy", LoraConfig(rank=RANK, alpha=ALPHA, seed=0))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # B ≠ 0: the adapter changes every logit
-        for w in adapter.weights.values():
-            w.b_L_O_Rk.copy_(torch.randn(w.b_L_O_Rk.shape, generator=gen) * 0.02)
+    nonzero_adapter(bank, RANK, ALPHA)
     result: dict[str, Any] = {"layers": model.spec.num_layers}
     if "decode" in kinds:
         result["decode"] = _decode(model, bank, model_dir, steps)
