@@ -10,7 +10,7 @@ so these tests can fail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -24,6 +24,7 @@ from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
 from loraplex.engine.model.transformer import ComputeOptions, Transformer
 from loraplex.engine.model.weights import random_weights
+from tests.engine.threads import one_thread  # noqa: F401  (autouse; 2 threads: see below)
 
 SPEC = ModelSpec(arch="qwen3", vocab_size=1024, hidden_size=512, intermediate_size=1536,
                  num_layers=2, num_heads=8, num_kv_heads=4, head_dim=64, rms_norm_eps=1e-6,
@@ -61,16 +62,6 @@ class Harness:
     def full(self, tokens: list[int], adapter: str | None) -> torch.Tensor:
         """Training-style full forward of one sequence alone."""
         return self.logprobs([SequenceInput(tokens, adapter)], [[*tokens[1:], 0]])[0]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """1 intra-op thread: 2-thread OpenMP GEMMs collapse on a loaded 2-core box (≈30x slower
-    decode steps). Two threads are covered by `test_invariance_holds_with_two_threads`."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
