@@ -4,8 +4,9 @@ A token's logprob must not depend on what shares its batch (1 / 7 / 64 sequences
 adapters, base rows, its position in the pack, tiny adapter segments), nor on how it was
 computed (training full forward, prefill + decode at decode batch 1 or 7, or a suffix forwarded
 after a prefix whose KV an earlier request wrote). Shapes are the ``small`` model's (hidden 512,
-8 heads / 4 kv heads of 64, MLP 1536) with 2 layers. Fast mode is checked to NOT be invariant,
-so these tests can fail.
+8 heads / 4 kv heads of 64, MLP 1536) with 2 layers, and vocab 2500: more than one `HEAD_CHUNK`,
+so a small batch's chunked head GEMMs meet a large batch's single one. Fast mode is checked to
+NOT be invariant, so these tests can fail.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from loraplex.engine.model.transformer import ComputeOptions, Transformer
 from loraplex.engine.model.weights import random_weights
 from tests.engine.threads import one_thread  # noqa: F401  (autouse; 2 threads: see below)
 
-SPEC = ModelSpec(arch="qwen3", vocab_size=1024, hidden_size=512, intermediate_size=1536,
+SPEC = ModelSpec(arch="qwen3", vocab_size=2500, hidden_size=512, intermediate_size=1536,
                  num_layers=2, num_heads=8, num_kv_heads=4, head_dim=64, rms_norm_eps=1e-6,
                  rope=RopeSpec(1e6), tie_word_embeddings=False, max_position_embeddings=4096)
 ADAPTERS = {"r1": LoraConfig(rank=1, seed=1), "r8": LoraConfig(rank=8, seed=2),

@@ -52,3 +52,17 @@ def test_rope_is_transformers_rotary_embedding_bit_for_bit() -> None:
                                       unsqueeze_dim=0)
     assert torch.equal(apply_rope(q, cos, signed_sin), hf_q.transpose(0, 1))
     assert torch.equal(apply_rope(k, cos, signed_sin), hf_k.transpose(0, 1))
+
+
+@pytest.mark.parametrize(("vocab", "d"), [(49152, 576), (3000, 256)])
+def test_the_chunked_head_gives_the_bits_of_one_head_gemm(vocab: int, d: int) -> None:
+    """`Transformer.logits` splits a small no-grad batch's head GEMM by vocab rows (the same
+    MKL assumption as above); the trainer's one GEMM and the sampler's chunks must agree."""
+    from loraplex.engine.model.transformer import HEAD_CHUNK, HEAD_CHUNK_MAX_ROWS
+
+    gen = torch.Generator().manual_seed(2)
+    head = torch.randn(vocab, d, generator=gen)
+    for rows in (1, 16, 32, HEAD_CHUNK_MAX_ROWS):
+        x = torch.randn(rows, d, generator=gen)
+        chunked = torch.cat([F.linear(x, w) for w in head.split(HEAD_CHUNK)], dim=1)
+        assert torch.equal(chunked, F.linear(x, head))
