@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from benchmarks import REPO, RESULTS, SCRATCH
 from benchmarks.adapters import nonzero_adapter
+from benchmarks.base_gemms import base_gemm_replay
 from benchmarks.probe import load_average, probe_machine
 from benchmarks.real_models import LABELS, MODELS, smollm2_dir
 
@@ -108,7 +109,7 @@ def _decode(model: Any, bank: Any, model_dir: Path, steps: int) -> dict[str, flo
     sampler.step([SampleWork(f"r{i}", "policy", None, array("q", p), 1, replace(params, seed=i))
                   for i, p in enumerate(prompts)], 2)
     rows = -(-PROMPTS // model.options.row_multiple) * model.options.row_multiple
-    gemms, head = _base_gemms(model, rows, backward=False)
+    gemms, head = base_gemm_replay(model, rows, backward=False)
     result: dict[str, Any] = paired(lambda: sampler.step([], 1), gemms, head, steps, warmup=2)
     result["profile_ms_per_step"] = profile_by_source(lambda: sampler.step([], 1), 3)
     return result
@@ -174,33 +175,8 @@ def _train(model: Any, bank: Any, steps: int) -> dict[str, float]:
         loss = -model.token_logprobs(model.forward(batch, lora), targets, lora).sum()
         loss.backward(inputs=list(adapter.parameters()))
 
-    gemms, head = _base_gemms(model, PROMPTS * TRAIN_LEN, backward=True)
+    gemms, head = base_gemm_replay(model, PROMPTS * TRAIN_LEN, backward=True)
     return paired(step, gemms, head, max(3, steps // 2))
-
-
-def _base_gemms(model: Any, rows: int, backward: bool
-                ) -> tuple[Callable[[], None], Callable[[], None]]:
-    """Replays of every layer's base linears, and of the LM head, at ``rows`` rows (with
-    ``backward``: plus each one's input-gradient GEMM)."""
-    import torch
-    import torch.nn.functional as F
-
-    weights = [w for layer in model.weights.layers
-               for w in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
-                         layer.gate_proj, layer.up_proj, layer.down_proj) if w is not None]
-    head = model.weights.lm_head
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=model.dtype) for w in weights}
-    grads = {w.shape[0]: torch.randn(rows, w.shape[0], dtype=model.dtype)
-             for w in [*weights, head]} if backward else {}
-
-    def run(ws: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for w in ws:
-                F.linear(inputs[w.shape[1]], w)
-                if backward:
-                    torch.mm(grads[w.shape[0]], w)
-
-    return lambda: run(weights), lambda: run([head])
 
 
 def child(source: Path, model_dir: Path, threads: int, steps: int, kinds: tuple[str, ...]
