@@ -55,6 +55,7 @@ from loraplex.cost.flops import forward_flops
 from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
 from loraplex.domain.work import SampleWork
 from loraplex.engine.builtin.model import ensure_builtin_model
+from loraplex.engine.host_allocator import retain_freed_memory
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
@@ -278,6 +279,7 @@ def main() -> None:
                         help="the built-in small model, or the real SmolLM2-135M-Instruct")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as `loraplex serve` does; the baseline shares the process
     load_start = load_average()
     model_dir = (smollm2_dir() if args.model == "smollm2" else
                  ensure_builtin_model(args.model_dir.resolve(), "qwen3", "small", seed=0))

@@ -78,6 +78,12 @@ def measure(model_dir: Path, steps: int, kinds: tuple[str, ...]) -> dict[str, An
     from loraplex.engine.lora.bank import AdapterBank
     from loraplex.engine.model.loader import load_model
 
+    try:  # what `loraplex serve` does at revisions that have it
+        from loraplex.engine.host_allocator import retain_freed_memory
+    except ImportError:
+        pass
+    else:
+        retain_freed_memory()
     model = load_model(model_dir, EngineConfig(batch_invariant=True))
     bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
     nonzero_adapter(bank, RANK, ALPHA)

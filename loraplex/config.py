@@ -40,6 +40,9 @@ class EngineConfig:
         kv_cache_blocks: pages in the sampler's KV cache (bounds sampler memory).
         max_context: longest sequence accepted (None: the model's own limit).
         num_threads: torch intra-op threads (None: torch's default).
+        retain_host_memory: keep freed host memory in the process for the next step's tensors
+            instead of returning it to the OS and faulting it in again (glibc malloc; see
+            `engine.host_allocator`); the process's memory then stays at its peak.
         adapter_memory_budget: bytes of adapter state kept on the engine's device: LoRA
             weights + gradients + AdamW moments of every resident adapter, sampler snapshots
             included. Idle adapters beyond it page out (host memory, then disk) and back in,
@@ -61,6 +64,7 @@ class EngineConfig:
     kv_cache_blocks: int = 2048
     max_context: int | None = None
     num_threads: int | None = None
+    retain_host_memory: bool = True
     adapter_memory_budget: int | None = None
     host_memory_budget: int | None = None
     page_dir: str | None = None

@@ -32,6 +32,7 @@ from loraplex.domain.results import (
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
+from loraplex.engine.host_allocator import retain_freed_memory
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
@@ -58,6 +59,8 @@ class Engine:
     def __init__(self, model_dir: str, config: EngineConfig) -> None:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
+        if config.retain_host_memory:
+            retain_freed_memory()
         self.model_dir = os.path.abspath(model_dir)
         self.model = load_model(self.model_dir, config)
         self.bank = AdapterBank(self.model.spec, self.model.device, config.max_lora_rank)

@@ -1,0 +1,35 @@
+"""`retain_freed_memory`: keep freed host memory in the process for reuse (glibc malloc).
+
+glibc serves a large block (above ``M_MMAP_THRESHOLD``, at most 32 MiB) with a fresh ``mmap``
+and unmaps it when it is freed, so every step's big tensors — a training step's
+``[tokens, vocab]`` logits, their log-softmax and gradients; a decode step's per-layer
+activations — come back as new zeroed pages, each one a page fault. On SmolLM2-135M (1
+thread) that is ~0.9 s of kernel time per 8 × 128-token training step and ~24 ms per 32-row
+decode step, plus the user time of touching fresh pages. With mmap off and trimming
+disabled, freed blocks stay in the heap and the next step reuses them; the process's memory
+then stays at its peak, as a caching GPU allocator's does. A no-op where libc is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_INT_MAX = 2**31 - 1
+
+
+@functools.cache
+def retain_freed_memory() -> bool:
+    """Serve every allocation from the heap and keep freed memory there (up to 2 GiB free at
+    the top of the heap); once per process. True where applied (glibc), else False."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
