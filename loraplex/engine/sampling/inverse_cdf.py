@@ -49,9 +49,8 @@ def inverse_cdf(logweights_N_V: torch.Tensor, uniform_N: torch.Tensor,
     chosen_N = torch.searchsorted(cum_N_K, target_N[:, None], right=True).squeeze(1)
     # u < 1 gives t < total, so some block exceeds t; a guard for the last positive block.
     chosen_N = torch.minimum(chosen_N, _last_positive(mass_N_K))
-    before_N = torch.where(chosen_N > 0, cum_N_K.gather(1, (chosen_N - 1).clamp_min(0)[:, None])
-                           .squeeze(1), 0.0)
-    residual_N = target_N - before_N
+    cum_before_N_K = torch.cat([cum_N_K.new_zeros(cum_N_K.shape[0], 1), cum_N_K[:, :-1]], 1)
+    residual_N = target_N - cum_before_N_K.gather(1, chosen_N[:, None]).squeeze(1)  # ≥ 0
     start_N = chosen_N * block
     index_N_b = start_N[:, None] + torch.arange(block, device=device)
     inside_N_b = index_N_b < vocab
