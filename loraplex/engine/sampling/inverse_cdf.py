@@ -2,7 +2,7 @@
 
 A flat fp64 running sum over the whole vocabulary is a serial scan of ``[rows, vocab]`` plus an
 fp64 copy of it (tens of ms per decode step at vocab 49k). Here the vocabulary is cut into
-blocks of `BLOCK` tokens (the last one shorter when the vocab is not a multiple): the weights
+blocks of `BLOCK` tokens (a ragged vocab padded with zero weights): the weights
 ``exp(logweight)`` (fp32, computed once) and the fp64 masses of all blocks (one reduction, a
 slice of rows at a time), their running sum (a few dozen values per row) picks the
 block where ``u · total`` falls, and the fp64 running sum inside that one block picks the token.
@@ -42,8 +42,7 @@ def inverse_cdf(logweights_N_V: torch.Tensor, uniform_N: torch.Tensor,
         block: tokens per first-level block.
     """
     vocab = logweights_N_V.shape[1]
-    device = logweights_N_V.device
-    weights_N_V, mass_N_K = _weights_and_block_masses(logweights_N_V, block)
+    weights_N_K_b, mass_N_K = _weights_and_block_masses(logweights_N_V, block)
     cum_N_K = mass_N_K.cumsum(-1)
     target_N = uniform_N.to(torch.float64) * cum_N_K[:, -1]
     chosen_N = torch.searchsorted(cum_N_K, target_N[:, None], right=True).squeeze(1)
@@ -51,41 +50,33 @@ def inverse_cdf(logweights_N_V: torch.Tensor, uniform_N: torch.Tensor,
     chosen_N = torch.minimum(chosen_N, _last_positive(mass_N_K))
     cum_before_N_K = torch.cat([cum_N_K.new_zeros(cum_N_K.shape[0], 1), cum_N_K[:, :-1]], 1)
     residual_N = target_N - cum_before_N_K.gather(1, chosen_N[:, None]).squeeze(1)  # ≥ 0
-    start_N = chosen_N * block
-    index_N_b = start_N[:, None] + torch.arange(block, device=device)
-    inside_N_b = index_N_b < vocab
-    in_block_N_b = torch.where(inside_N_b, weights_N_V.gather(1, index_N_b.clamp_max(vocab - 1)),
-                               0.0)
+    in_block_N_b = weights_N_K_b.gather(1, chosen_N[:, None, None].expand(-1, 1, block))[:, 0]
     cum_N_b = in_block_N_b.to(torch.float64).cumsum(-1)
     offset_N = torch.searchsorted(cum_N_b, residual_N[:, None], right=True).squeeze(1)
     offset_N = torch.minimum(offset_N, _last_positive(in_block_N_b))
-    return (start_N + offset_N).clamp(0, vocab - 1)
+    return (chosen_N * block + offset_N).clamp(0, vocab - 1)
 
 
 def _weights_and_block_masses(logweights_N_V: torch.Tensor, block: int
                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``exp`` of the log-weights ``[N, V]`` and the fp64 sum of each block of ``block``
-    consecutive weights ``[N, ceil(V / block)]`` (the last block holds the remainder).
+    """The weights ``exp(logweight)`` as blocks ``[N, K, block]`` (K = ceil(V / block); a
+    ragged vocab is padded with zero weights) and each block's fp64 sum ``[N, K]``.
 
     Computed a slice of rows at a time (elementwise ``exp`` and per-block reductions: a row's
     bits do not depend on which slice, or which other rows, it comes with).
     """
-    logweights = logweights_N_V.contiguous()
-    num_rows, vocab = logweights.shape
-    num_full = vocab // block
+    num_rows, vocab = logweights_N_V.shape
+    num_blocks = -(-vocab // block)
+    weights = logweights_N_V.new_empty(num_rows, num_blocks * block)
+    weights[:, vocab:] = 0.0
+    masses = weights.new_empty(num_rows, num_blocks, dtype=torch.float64)
     step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
-    weights = torch.empty_like(logweights)
-    masses: list[torch.Tensor] = []
     for first in range(0, num_rows, step):
-        rows = torch.exp(logweights[first:first + step], out=weights[first:first + step])
-        parts = [rows[:, :num_full * block].view(rows.shape[0], num_full, block)
-                 .sum(-1, dtype=torch.float64)]
-        if num_full * block < vocab:
-            parts.append(rows[:, num_full * block:].sum(-1, dtype=torch.float64, keepdim=True))
-        masses.append(torch.cat(parts, dim=1) if len(parts) > 1 else parts[0])
-    if not masses:
-        return weights, logweights.new_zeros(0, -(-vocab // block), dtype=torch.float64)
-    return weights, torch.cat(masses) if len(masses) > 1 else masses[0]
+        rows = weights[first:first + step]
+        torch.exp(logweights_N_V[first:first + step], out=rows[:, :vocab])
+        torch.sum(rows.view(-1, num_blocks, block), -1, dtype=torch.float64,
+                  out=masses[first:first + step])
+    return weights.view(num_rows, num_blocks, block), masses
 
 
 def _last_positive(values_N_M: torch.Tensor) -> torch.Tensor:
