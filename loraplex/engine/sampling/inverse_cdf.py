@@ -14,8 +14,9 @@ Guarantees, each per row and independent of the other rows (every step is row-lo
   an exact inverse CDF.
 - A zero-weight token is never chosen while the row has positive mass: a zero-mass block's
   running sum equals its predecessor's so it is never the first to exceed the target, and
-  inside the block likewise; when rounding puts the residual past the block's running total
-  (the block mass was reduced in another order), the block's last positive token is taken.
+  inside the block likewise; the target (and the residual inside the block, which rounding
+  can push past the block's own running total) is capped just below the running total, so
+  some entry always exceeds it.
 - Against the flat scan (``cumsum`` + ``searchsorted``), the token differs only when ``u ·
   total`` lies within fp64 rounding of a boundary between two tokens.
 """
@@ -44,18 +45,27 @@ def inverse_cdf(logweights_N_V: torch.Tensor, uniform_N: torch.Tensor,
     vocab = logweights_N_V.shape[1]
     weights_N_K_b, mass_N_K = _weights_and_block_masses(logweights_N_V, block)
     cum_N_K = mass_N_K.cumsum(-1)
-    target_N = uniform_N.to(torch.float64) * cum_N_K[:, -1]
+    target_N = _below(uniform_N.to(torch.float64) * cum_N_K[:, -1], cum_N_K[:, -1])
     chosen_N = torch.searchsorted(cum_N_K, target_N[:, None], right=True).squeeze(1)
-    # u < 1 gives t < total, so some block exceeds t; a guard for the last positive block.
-    chosen_N = torch.minimum(chosen_N, _last_positive(mass_N_K))
     cum_before_N_K = torch.cat([cum_N_K.new_zeros(cum_N_K.shape[0], 1), cum_N_K[:, :-1]], 1)
     residual_N = target_N - cum_before_N_K.gather(1, chosen_N[:, None]).squeeze(1)  # ≥ 0
-    in_block_N_b = weights_N_K_b.gather(1, chosen_N[:, None, None].expand(-1, 1, block))[:, 0]
+    num_rows, num_blocks = mass_N_K.shape
+    flat_chosen_N = torch.arange(num_rows, device=chosen_N.device) * num_blocks + chosen_N
+    in_block_N_b = weights_N_K_b.view(-1, block).index_select(0, flat_chosen_N)
     cum_N_b = in_block_N_b.to(torch.float64).cumsum(-1)
+    residual_N = _below(residual_N, cum_N_b[:, -1])
     offset_N = torch.searchsorted(cum_N_b, residual_N[:, None], right=True).squeeze(1)
-    offset_N = torch.minimum(offset_N, _last_positive(in_block_N_b))
     return (chosen_N * block + offset_N).clamp(0, vocab - 1)
 
+
+def _below(value_N: torch.Tensor, total_N: torch.Tensor) -> torch.Tensor:
+    """``value`` capped just below ``total``, so that a running sum ending at ``total`` has an
+    entry that exceeds it: one whose own weight is positive (a zero weight repeats its
+    predecessor's running sum). ``u < 1`` already gives ``u · total < total`` for the blocks;
+    inside the chosen block the residual can pass the block's running total by rounding (its
+    mass was reduced in another order), and then the block's first token whose running sum
+    reaches that total gets the rounding-sized excess."""
+    return torch.minimum(value_N, torch.nextafter(total_N, torch.zeros_like(total_N)))
 
 def _weights_and_block_masses(logweights_N_V: torch.Tensor, block: int
                               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,8 +88,3 @@ def _weights_and_block_masses(logweights_N_V: torch.Tensor, block: int
                   out=masses[first:first + step])
     return weights.view(num_rows, num_blocks, block), masses
 
-
-def _last_positive(values_N_M: torch.Tensor) -> torch.Tensor:
-    """Index of each row's last positive entry (0 when there is none)."""
-    positions = torch.arange(values_N_M.shape[1], device=values_N_M.device)
-    return torch.where(values_N_M > 0, positions, 0).amax(-1)

@@ -84,7 +84,7 @@ def test_a_zero_weight_token_is_never_chosen_even_at_block_edges() -> None:
     blocks, masses = _weights_and_block_masses(logw, block)
     weights = blocks.flatten(1)
     cum_blocks = masses.cumsum(-1)
-    uniforms = [0.0, U_MAX, 0.5, 1e-300]
+    uniforms = [0.0, U_MAX, 0.5, 1e-300, 1.0]  # 1.0 is outside [0, 1): the cap still holds
     # Targets exactly at every block boundary (and just either side of it) of every row.
     for j in range(cum_blocks.shape[1]):
         at = (cum_blocks[:, j] / cum_blocks[:, -1]).clamp_max(U_MAX)
@@ -100,18 +100,18 @@ def test_a_zero_weight_token_is_never_chosen_even_at_block_edges() -> None:
         == 5 * block + 7
 
 
-def test_rounding_past_a_blocks_running_total_takes_its_last_positive_token() -> None:
-    # One weight 1 and 1021 weights e^-38 ≈ 3e-17: the block's fp64 reduction keeps their
-    # mass (1 + 3e-14), the running sum inside the block loses every one of them (1 + 3e-17
+def test_rounding_past_a_blocks_running_total_still_takes_a_positive_token() -> None:
+    # One weight 1 and 1021 weights e^-38 ≈ 3e-17, then zeros: the block's fp64 reduction keeps
+    # their mass (1 + 3e-14), the running sum inside the block loses every one of them (1 + 3e-17
     # rounds to 1), so a target near the total lies past the block's own running total.
     logw = torch.full((1, 2048), -torch.inf)
     logw[0, 0] = 0.0
     logw[0, 1:1023] = -38.0
     blocks, masses = _weights_and_block_masses(logw, 1024)
     assert masses[0, 0] > blocks[0, 0].double().cumsum(-1)[-1]  # the case is constructed
-    for value in (U_MAX, 1.0 - 1e-14, 0.5):
+    for value in (U_MAX, 1.0 - 1e-14, 0.5, 0.0):
         chosen = inverse_cdf(logw, torch.tensor([value], dtype=torch.float64), 1024).item()
-        assert chosen == (1022 if value > 0.9 else 0)
+        assert chosen == 0  # the token whose running sum reaches the block's total
 
 
 def test_exact_frequencies_on_a_uniform_grid_across_blocks() -> None:
