@@ -67,6 +67,7 @@ def _below(value_N: torch.Tensor, total_N: torch.Tensor) -> torch.Tensor:
     reaches that total gets the rounding-sized excess."""
     return torch.minimum(value_N, torch.nextafter(total_N, torch.zeros_like(total_N)))
 
+
 def _weights_and_block_masses(logweights_N_V: torch.Tensor, block: int
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The weights ``exp(logweight)`` as blocks ``[N, K, block]`` (K = ceil(V / block); a
