@@ -5,6 +5,6 @@ Entry point: `sampler.Sampler(model, bank, config, model_dir)` with
 loads adapters: one not in the bank fails its request), `.num_running()` and
 `.invalidate_adapter(adapter_id)` (call it whenever an adapter's weights change in place or it
 is deleted). Prefill forward: `prefill`; pages and prefix cache: `block_manager`, `kv_pool`;
-token choice: `token_sampler`, `random_stream`; stops: `stop_rule`. Refuses to know about HTTP,
-tenants, sequence ids or stability records.
+token choice: `token_sampler`, `inverse_cdf`, `random_stream`; stops: `stop_rule`. Refuses to
+know about HTTP, tenants, sequence ids or stability records.
 """

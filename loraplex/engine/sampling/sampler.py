@@ -323,13 +323,12 @@ class Sampler:
         with torch.no_grad():
             lora = self._stacks.for_batch(batch)
             logits_R_V = model.logits(model.forward(batch, lora, self.pool.kv), lora)
-        rows = torch.tensor(batch.seq_row_start, device=logits_R_V.device)
         size = self.pool.block_size
         for seq in seqs:
             seq.num_computed += 1
             if seq.num_computed % size == 0:
                 self.pool.register_full_pages(seq, seq.num_computed)
-        return self._take_tokens(list(seqs), logits_R_V.index_select(0, rows))
+        return self._take_tokens(list(seqs), _sequence_rows(logits_R_V, batch.seq_row_start))
 
     def _grow_tables(self) -> None:
         """A page for every running sequence whose next write starts one; when none is free,
@@ -401,3 +400,11 @@ class Sampler:
             return None
         del self._requests[request.work.request_id]
         return request.work.request_id, request.result()
+
+
+def _sequence_rows(logits_R_V: torch.Tensor, row_start: tuple[int, ...]) -> torch.Tensor:
+    """The logits rows of the sequences ``[B, V]``: a view when they are the first B rows in
+    order (the usual decode layout), else a gathered copy."""
+    if row_start == tuple(range(len(row_start))):
+        return logits_R_V[:len(row_start)]
+    return logits_R_V.index_select(0, torch.tensor(row_start, device=logits_R_V.device))

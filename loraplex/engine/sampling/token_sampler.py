@@ -1,8 +1,9 @@
 """Choosing next tokens from a batch of logits rows, each row with its own parameters.
 
-Every operation is row-local (log_softmax, sort, cumsum, argmax over one row), and each row's
-randomness is one uniform from its own counter stream (`random_stream`), drawn by inverse CDF,
-so a row's token never depends on the other rows. Logprobs are Tinker's: the log-probability
+Every operation is row-local (log_softmax, sort, block sums and running sums, argmax over one
+row), and each row's randomness is one uniform from its own counter stream (`random_stream`),
+drawn by inverse CDF (`inverse_cdf`: a zero-probability token is never chosen), so a row's
+token never depends on the other rows. Logprobs are Tinker's: the log-probability
 of the token under the temperature-scaled distribution ``log_softmax(logits / T)`` before top-k
 / top-p truncation (at T = 1 exactly the training forward's logprob, bit for bit; greedy rows
 report T = 1). Knows nothing about sequences, stops or the model.
@@ -13,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from loraplex.engine.sampling.inverse_cdf import inverse_cdf
 
 
 @dataclass(frozen=True)
@@ -66,16 +69,17 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
 
     tokens = torch.zeros(num_rows, dtype=torch.long, device=logits.device)
     greedy = is_greedy.nonzero().squeeze(1)
-    if greedy.numel():
+    if greedy.numel() == num_rows:
+        tokens = torch.argmax(logits, dim=-1)
+    elif greedy.numel():
         tokens[greedy] = torch.argmax(logits.index_select(0, greedy), dim=-1)
     is_truncated = ((params.top_k_B > 0) & (params.top_k_B < vocab)) | (params.top_p_B < 1)
     is_plain = ~is_greedy & ~is_truncated
     if bool(is_plain.all()):  # the RL case: no row copies
-        tokens = _inverse_cdf(logprobs_B_V.exp(), params.uniform_B)
+        tokens = inverse_cdf(logprobs_B_V, params.uniform_B)
     elif bool(is_plain.any()):
         plain = is_plain.nonzero().squeeze(1)
-        probs = logprobs_B_V.index_select(0, plain).exp()
-        tokens[plain] = _inverse_cdf(probs, params.uniform_B[plain])
+        tokens[plain] = inverse_cdf(logprobs_B_V.index_select(0, plain), params.uniform_B[plain])
     truncated = (~is_greedy & is_truncated).nonzero().squeeze(1)
     if truncated.numel():
         tokens[truncated] = _sample_truncated(
@@ -88,15 +92,6 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
         return SampledTokens(tokens, chosen, None, None)
     top_lp, top_ids = logprobs_B_V.topk(k, dim=-1)
     return SampledTokens(tokens, chosen, top_ids, top_lp)
-
-
-def _inverse_cdf(probs_N_V: torch.Tensor, uniform_N: torch.Tensor) -> torch.Tensor:
-    """Index where the fp64 running sum of each row first exceeds ``u · total``; a token with
-    zero probability can never be chosen (its running sum equals its predecessor's)."""
-    cum = probs_N_V.cumsum(-1, dtype=torch.float64)  # fp64 running sums (converted exactly)
-    target = uniform_N * cum[:, -1]
-    index = torch.searchsorted(cum, target[:, None], right=True).squeeze(1)
-    return index.clamp_max(probs_N_V.shape[1] - 1)
 
 
 def _sample_truncated(logprobs_N_V: torch.Tensor, top_k_N: torch.Tensor, top_p_N: torch.Tensor,
@@ -115,5 +110,5 @@ def _sample_truncated(logprobs_N_V: torch.Tensor, top_k_N: torch.Tensor, top_p_N
     cum = probs64.cumsum(-1)
     mass_before = (cum - probs64) / cum[:, -1:]
     keep &= mass_before < top_p_N[:, None]
-    probs = torch.where(keep, probs, 0.0)
-    return order.gather(1, _inverse_cdf(probs, uniform_N)[:, None]).squeeze(1)
+    kept_lp = torch.where(keep, sorted_lp, -torch.inf)  # exp(-inf) = 0: never chosen
+    return order.gather(1, inverse_cdf(kept_lp, uniform_N)[:, None]).squeeze(1)

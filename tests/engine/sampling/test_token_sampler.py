@@ -97,3 +97,24 @@ def test_random_streams_are_reproducible_distinct_and_uniform() -> None:
     deciles = torch.histc(torch.tensor(draws), bins=10, min=0, max=1)
     assert ((deciles - 2000).abs() < 200).all()
     assert stream_key(None, 0) != stream_key(None, 0)  # a fresh seed each time
+
+
+def test_tokens_match_the_flat_fp64_scan_for_plain_and_truncated_rows() -> None:
+    gen = torch.Generator().manual_seed(5)
+    vocab = 2500  # two full 1024-token blocks and a ragged one
+    logits = torch.randn(24, vocab, generator=gen) * 4
+    u = torch.rand(24, generator=gen, dtype=torch.float64)
+    rows = RowParams.build([1.0, 0.8, 1.0] * 8, [-1, -1, 50] * 8, [1.0, 1.0, 0.9] * 8,
+                           u.tolist(), [0] * 24, CPU)
+    out = sample_tokens(logits, rows)
+    for i in range(24):
+        lp = torch.log_softmax(logits[i] / rows.temperature_B[i], -1)
+        order = torch.arange(vocab)
+        if i % 3 == 2:  # top-k 50, then top-p 0.9 of what is left, on the sorted distribution
+            lp, order = lp.sort(descending=True, stable=True)
+            probs = torch.where(torch.arange(vocab) < 50, lp.exp(), 0.0).double()
+            cum = probs.cumsum(0)
+            lp = torch.where(((cum - probs) / cum[-1] < 0.9) & (probs > 0), lp, -torch.inf)
+        cum = lp.exp().double().cumsum(0)
+        expected = order[torch.searchsorted(cum, u[i] * cum[-1], right=True)]
+        assert out.tokens_B[i].item() == expected.item()
