@@ -73,9 +73,9 @@ def _stack_targets(spec: ModelSpec, adapters: Sequence[LoraAdapter], rank_multip
                 a_parts.append(torch.zeros(shape.a_shape(rank), device=device))
                 b_parts.append(torch.zeros(shape.b_shape(rank), device=device))
                 continue
-            pad = rank - adapter.rank
-            a_parts.append(F.pad(w.a_L_Rk_I, (0, 0, 0, pad)))
-            b_parts.append(F.pad(w.b_L_O_Rk, (0, pad)))
+            pad = rank - adapter.rank  # F.pad copies even when pad is 0: skip it then
+            a_parts.append(F.pad(w.a_L_Rk_I, (0, 0, 0, pad)) if pad else w.a_L_Rk_I)
+            b_parts.append(F.pad(w.b_L_O_Rk, (0, pad)) if pad else w.b_L_O_Rk)
         targets[target] = StackedTarget(_stack(a_parts, shape.is_expert).to(dtype),
                                         _stack(b_parts, shape.is_expert).to(dtype))
     return targets

@@ -84,13 +84,13 @@ class SparseMlp:
         """``[gate; up]`` LoRA deltas of every base-layout row (zeros on base-model rows)."""
         w1, w3, i = lora.targets["w1"], lora.targets["w3"], self.index
         rank = w1.a_L_S_Rk_I.shape[2]
-        a_S_2Rk_D = torch.cat([w1.a_L_S_Rk_I[i], w3.a_L_S_Rk_I[i]], dim=1)
+        a_S_2Rk_D = torch.cat([w1.a_layers[i], w3.a_layers[i]], dim=1)
         s_L_2Rk = grouped_linear(lora.to_lora_rows(h_R_D), a_S_2Rk_D, lora.offsets_S)
         s_R_2Rk = lora.from_lora_rows(s_L_2Rk * lora.scale_P_1, h_R_D.shape[0])
         s_Q_2Rk = s_R_2Rk.index_select(0, layout.rows_Q)
-        gate_Q_F = grouped_linear(s_Q_2Rk[:, :rank].contiguous(), w1.b_L_S_O_Rk[i],
+        gate_Q_F = grouped_linear(s_Q_2Rk[:, :rank].contiguous(), w1.b_layers[i],
                                   layout.offsets_G)
-        up_Q_F = grouped_linear(s_Q_2Rk[:, rank:].contiguous(), w3.b_L_S_O_Rk[i],
+        up_Q_F = grouped_linear(s_Q_2Rk[:, rank:].contiguous(), w3.b_layers[i],
                                 layout.offsets_G)
         d_Q_2F = torch.cat([gate_Q_F, up_Q_F], dim=1)
         if layout.to_base_P is None:
@@ -102,13 +102,13 @@ class SparseMlp:
         """Each LoRA-layout row's ``A_e · act`` of the down projection (``[Q, Rk]``)."""
         act_Q_F = (act_P_F if layout.from_base_Q is None
                    else act_P_F.index_select(0, layout.from_base_Q))
-        return grouped_linear(act_Q_F, lora.targets["w2"].a_L_S_Rk_I[self.index],
+        return grouped_linear(act_Q_F, lora.targets["w2"].a_layers[self.index],
                               layout.offsets_G)
 
     def _down_expand(self, t_R_Rk: torch.Tensor, lora: LoraBatch) -> torch.Tensor:
         """The shared down ``B`` on each token's weighted sum of its ``A_e`` outputs."""
         t_L_Rk = lora.to_lora_rows(t_R_Rk) * lora.scale_P_1
-        d_L_D = grouped_linear(t_L_Rk, lora.targets["w2"].b_L_S_O_Rk[self.index], lora.offsets_S)
+        d_L_D = grouped_linear(t_L_Rk, lora.targets["w2"].b_layers[self.index], lora.offsets_S)
         return lora.from_lora_rows(d_L_D, t_R_Rk.shape[0])
 
     @staticmethod
