@@ -104,6 +104,7 @@ class ToyExecutor:
             RuntimeError (simulates an engine bug); None disables.
         calls: (method, adapter ids) of every batch call, for packing assertions.
         last_fwd_bwd: the works of the latest forward_backward call, as the engine saw them.
+        memory_releases: how many times the clock loop called `release_memory`.
     """
 
     vocab_size: int = 64
@@ -113,6 +114,7 @@ class ToyExecutor:
     bug_token: int | None = None
     calls: list[tuple[str, tuple[str | None, ...]]] = field(default_factory=list)
     last_fwd_bwd: tuple[ForwardBackwardWork, ...] = ()
+    memory_releases: int = 0
 
     def __post_init__(self) -> None:
         v = np.arange(self.vocab_size, dtype=np.float64)
@@ -335,6 +337,9 @@ class ToyExecutor:
 
     def num_running_samples(self) -> int:
         return len(self._running)
+
+    def release_memory(self) -> None:
+        self.memory_releases += 1
 
     def adapter_memory(self) -> AdapterMemory:
         return AdapterMemory(resident_adapters=len(self._adapters),

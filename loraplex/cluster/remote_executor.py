@@ -90,6 +90,9 @@ class RemoteExecutor:
     def num_running_samples(self) -> int:
         return int(self._call("num_running_samples"))
 
+    def release_memory(self) -> None:
+        self._call("release_memory")
+
     def adapter_memory(self) -> AdapterMemory:
         return _typed(self._call("adapter_memory"), AdapterMemory)
 

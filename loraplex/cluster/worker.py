@@ -118,6 +118,9 @@ class EngineWorker:
     def num_running_samples(self) -> int:
         return self._engine.num_running_samples()
 
+    def release_memory(self) -> None:
+        self._engine.release_memory()
+
     def adapter_memory(self) -> AdapterMemory:
         return self._engine.adapter_memory()
 

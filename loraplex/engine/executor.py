@@ -32,7 +32,7 @@ from loraplex.domain.results import (
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
-from loraplex.engine.host_allocator import retain_freed_memory
+from loraplex.engine.host_allocator import release_freed_memory, retain_freed_memory
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
@@ -229,6 +229,10 @@ class Engine:
 
     def num_running_samples(self) -> int:
         return 0 if self._sampler is None else self._sampler.num_running()
+
+    def release_memory(self) -> None:
+        if self._config.retain_host_memory:
+            release_freed_memory()
 
     @property
     def sampler(self) -> Sampler:

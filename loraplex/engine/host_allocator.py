@@ -6,8 +6,10 @@ and unmaps it when it is freed, so every step's big tensors — a training step'
 activations — come back as new zeroed pages, each one a page fault. On SmolLM2-135M (1
 thread) that is ~0.9 s of kernel time per 8 × 128-token training step and ~24 ms per 32-row
 decode step, plus the user time of touching fresh pages. With mmap off and trimming
-disabled, freed blocks stay in the heap and the next step reuses them; the process's memory
-then stays at its peak, as a caching GPU allocator's does. A no-op where libc is not glibc.
+disabled, freed blocks stay in the heap and the next step reuses them, as a caching GPU
+allocator's do; `release_freed_memory` gives them back (the clock loop calls it through
+``BatchExecutor.release_memory`` after each second without work, so a burst's peak does not
+stay resident). A no-op where libc is not glibc.
 """
 
 from __future__ import annotations
@@ -21,15 +23,31 @@ _M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
 
 
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name)
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version") else None
+
+
+def release_freed_memory() -> bool:
+    """Hand the freed memory kept so far back to the OS (``malloc_trim``): what an idle
+    server calls, so that a step's or a request's peak does not stay resident. True where
+    applied (glibc)."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 @functools.cache
 def retain_freed_memory() -> bool:
     """Serve every allocation from the heap and keep freed memory there (up to 2 GiB free at
     the top of the heap); once per process. True where applied (glibc), else False."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+    libc = _glibc()
+    if libc is None:
         return False
     return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX))

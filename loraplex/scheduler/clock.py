@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from loraplex.scheduler.runner import run_plan
@@ -22,7 +23,9 @@ class ClockLoop:
 
     Args:
         scheduler: the state machine to drive (its executor is called from this thread only).
-        idle_wait_s: longest sleep while idle (a wake-up normally comes first).
+        idle_wait_s: longest sleep while idle (a wake-up normally comes first); each
+            ``idle_wait_s`` without a plan ends with ``executor.release_memory()`` (never
+            between back-to-back plans, where kept memory saves the next step's page faults).
         on_lost: called on this thread, after the loop stopped, when the scheduler's worker
             was lost (None: the loop just stops).
     """
@@ -52,13 +55,18 @@ class ClockLoop:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        busy_at = time.monotonic()  # the last plan's end, or the last memory release
         while not self._stop.is_set() and self.scheduler.lost is None:
             try:
                 plan = self.scheduler.wait_for_plan(self.idle_wait_s)
                 if plan is None:
+                    if time.monotonic() - busy_at >= self.idle_wait_s:
+                        busy_at = time.monotonic()  # idle a while: memory back to the OS
+                        self.scheduler.executor.release_memory()
                     continue
                 outcome = run_plan(self.scheduler.executor, plan)
                 self.scheduler.complete(plan, outcome)
+                busy_at = time.monotonic()
             except Exception:  # never let a bookkeeping bug stop the server's only worker
                 log.exception("clock loop step failed; continuing")
         if self.scheduler.lost is not None and self._on_lost is not None:

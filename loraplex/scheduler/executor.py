@@ -98,6 +98,11 @@ class BatchExecutor(Protocol):
         """What the resident (and paged-out) adapters take; cheap, any thread."""
         ...
 
+    def release_memory(self) -> None:
+        """The clock loop has had no work for a while: hand host memory kept for the next
+        step back to the OS (``EngineConfig.retain_host_memory``)."""
+        ...
+
     def close(self) -> None:
         """Release the worker (the server is stopping); no call follows."""
         ...

@@ -37,3 +37,31 @@ def test_submits_wake_the_loop_and_bugs_do_not_stop_it(stores: Stores) -> None:
     finally:
         loop.stop()
     assert not loop.is_alive
+
+
+def test_memory_is_released_while_idle_and_not_between_plans(stores: Stores) -> None:
+    """`release_memory` comes after ``idle_wait_s`` without a plan, not after each plan."""
+    toy = ToyExecutor()
+    scheduler = make_scheduler(toy, stores)
+    loop = ClockLoop(scheduler, idle_wait_s=60)  # never idle that long here
+    loop.start()
+    try:
+        for step in range(3):
+            item = create("m:train:0") if step == 0 else fwd_bwd("m:train:0", step)
+            scheduler.submit(item)
+            wait_done(scheduler, item)
+        assert toy.memory_releases == 0
+    finally:
+        loop.stop()
+    idle = ToyExecutor()
+    loop = ClockLoop(make_scheduler(idle, stores), idle_wait_s=0.05)
+    loop.start()
+    try:
+        pause = threading.Event()
+        for _ in range(100):  # up to 5 s
+            if idle.memory_releases >= 2:
+                break
+            pause.wait(0.05)
+        assert idle.memory_releases >= 2
+    finally:
+        loop.stop()
