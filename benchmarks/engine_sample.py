@@ -20,7 +20,11 @@ fresh sampler per run (no prefix cache carried between runs). Reported: medians 
 rounds, ``ratio`` (ours ÷ HF, fan-out), ``decode_roofline_fraction`` (ours ÷ (GEMM FLOP/s ÷
 forward FLOPs per generated token, LoRA and attention included), the GEMM rate measured in
 this process at this thread count), ``prefix_sharing_speedup`` (unshared ÷ shared time),
-``invariant_mode_cost`` (invariant ÷ fast tok/s) and the load average. Writes
+``invariant_mode_cost`` (invariant ÷ fast tok/s), the batch workload in fast mode too, each
+workload's base-GEMM floor (`benchmarks.base_gemms.sampling_floor`: its base linears and head
+alone at our sampler's shapes, and ``max_ratio`` = HF's CPU seconds ÷ that floor, the best
+ratio reachable on these GEMMs) and the load average. The process keeps freed memory for reuse
+(`retain_freed_memory`) as ``loraplex serve`` does; the HF baseline shares that. Writes
 ``benchmarks/results/engine_sample.{json,md}`` (``engine_sample_smollm2.*`` with ``--model
 smollm2``: the real SmolLM2-135M-Instruct, see `benchmarks.real_models`).
 """
