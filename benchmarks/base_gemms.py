@@ -9,10 +9,11 @@ it measures on ``sys.path`` first.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.probe import median_seconds
 
 
 def base_gemm_replay(model: Any, rows: int, backward: bool, head_rows: int | None = None
@@ -50,22 +51,12 @@ def base_gemm_replay(model: Any, rows: int, backward: bool, head_rows: int | Non
     return layers, lm_head
 
 
-def cpu_seconds(fn: Callable[[], object], repeats: int = 1) -> float:
-    """Median process CPU seconds of ``repeats`` calls (1 thread: the compute it needed)."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
-
-
 def forward_floor_seconds(model: Any, rows: int, head_rows: int, repeats: int = 3) -> float:
     """CPU seconds of one forward's base GEMMs: ``rows`` through every layer, ``head_rows``
     through the head."""
     layers, lm_head = base_gemm_replay(model, rows, backward=False, head_rows=head_rows)
-    layers(), lm_head()  # warm-up
-    return cpu_seconds(layers, repeats) + cpu_seconds(lm_head, repeats)
+    return sum(median_seconds(fn, repeats, warmup=1, clock=time.process_time)
+               for fn in (layers, lm_head))
 
 
 def sampling_floor(model: Any, shape: tuple[int, int, int, int], baseline_seconds: float,

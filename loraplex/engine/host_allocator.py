@@ -23,7 +23,10 @@ _M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The process's glibc, looked up once (`find_library` runs ``ldconfig``; the idle clock
+    loop releases memory every second)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None

@@ -137,11 +137,9 @@ class Transformer:
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
-        if self._chunk_head(hidden_R_D):
-            base_R_V = torch.cat([F.linear(hidden_R_D, w) for w in self._head_chunks], dim=1)
-            return base_R_V if lora is None else lora.add_delta(base_R_V, hidden_R_D,
-                                                                "unembed", 0)
-        return _linear(hidden_R_D, self.weights.lm_head, lora, "unembed", 0)
+        base_R_V = (torch.cat([F.linear(hidden_R_D, w) for w in self._head_chunks], dim=1)
+                    if self._chunk_head(hidden_R_D) else F.linear(hidden_R_D, self.weights.lm_head))
+        return base_R_V if lora is None else lora.add_delta(base_R_V, hidden_R_D, "unembed", 0)
 
     def _chunk_head(self, hidden_R_D: torch.Tensor) -> bool:
         """`HEAD_CHUNK`ed head GEMMs: a small CPU batch outside autograd (where one GEMM's
