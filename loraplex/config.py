@@ -59,7 +59,7 @@ class EngineConfig:
     dtype: str = "auto"
     max_lora_rank: int = 128
     batch_invariant: bool = True
-    row_multiple: int = 16
+    row_multiple: int = 8
     kv_block_size: int = 64
     kv_cache_blocks: int = 2048
     max_context: int | None = None

@@ -13,6 +13,7 @@ import torch
 from loraplex.config import EngineConfig
 from loraplex.engine.model.checkpoint import load_weights
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
+from loraplex.engine.model.row_quantum import row_quantum
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.transformer import ComputeOptions, Transformer
 from loraplex.errors import user_error
@@ -37,11 +38,28 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def compute_options(config: EngineConfig) -> ComputeOptions:
+def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
+                    dtype: torch.dtype) -> ComputeOptions:
+    """The compute options; in batch-invariant mode the row multiple is the smallest of
+    ``config.row_multiple``, 2×, 4×, … whose padded GEMMs keep a row's bits on this machine at
+    the model's inner dimensions (`row_quantum`)."""
     if config.row_multiple < 1 or config.kv_block_size % 16:
         raise user_error("engine", "row_multiple must be ≥ 1 and kv_block_size a multiple of 16")
-    return ComputeOptions(batch_invariant=config.batch_invariant,
-                          row_multiple=config.row_multiple, kv_block_size=config.kv_block_size)
+    multiple = config.row_multiple
+    if config.batch_invariant:
+        multiple = row_quantum(multiple, inner_dims(spec, multiple), device, dtype)
+    return ComputeOptions(batch_invariant=config.batch_invariant, row_multiple=multiple,
+                          kv_block_size=config.kv_block_size)
+
+
+def inner_dims(spec: ModelSpec, row_multiple: int) -> tuple[int, ...]:
+    """The inner (reduction) dimensions of the model's GEMMs: hidden, MLP, attention output,
+    expert MLP, and LoRA ranks as padded (the smallest two)."""
+    dims = [spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
+            row_multiple, 2 * row_multiple]
+    if spec.experts is not None:
+        dims.append(spec.experts.expert_intermediate_size)
+    return tuple(dims)
 
 
 def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Transformer:
@@ -59,4 +77,4 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Tra
         weights = load_gguf_weights(gguf_file, spec, device, dtype)
     else:
         weights = load_weights(model_dir, spec, device, dtype)
-    return Transformer(spec, weights, compute_options(config))
+    return Transformer(spec, weights, compute_options(config, spec, device, dtype))

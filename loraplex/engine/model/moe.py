@@ -40,7 +40,7 @@ class SparseMlp:
         experts: the model's expert numbers.
         weights: this layer's router and experts.
         index: the layer's position among the sparse layers (its LoRA layer index).
-        row_multiple: group padding (16 in batch-invariant mode, 1 in fast mode).
+        row_multiple: group padding (the row multiple in batch-invariant mode, 1 in fast mode).
     """
 
     def __init__(self, experts: ExpertSpec, weights: ExpertWeights, index: int,

@@ -13,12 +13,12 @@ and lays them out twice:
   adapter on every row, no padding differences) no copy is made.
 
 Padding groups to the row multiple is what batch invariance needs: MKL gives a row the same
-bits in any GEMM whose row count is a multiple of 16 (`packed_batch`), and every other step is
-row-local. Routing is row-local too: the router GEMM's output width is padded to 16 columns
-by the caller, and softmax and ``torch.topk`` work row by row (the same ``torch.topk`` on the
-same fp32 probabilities as transformers' ``Qwen3MoeTopKRouter``, so ties between experts go
-the same way). Worked example (``k`` = 1, 2 experts, row multiple 4; tokens t0..t2 of adapter
-a, t3 of the base model; t0, t2 → expert 1, t1, t3 → expert 0)::
+bits in any GEMM whose row count is a multiple of the row multiple (`packed_batch`), and
+every other step is row-local. Routing is row-local too: the router GEMM's output width is
+padded to 16 columns by the caller, and softmax and ``torch.topk`` work row by row (the same
+``torch.topk`` on the same fp32 probabilities as transformers' ``Qwen3MoeTopKRouter``, so
+ties between experts go the same way). Worked example (``k`` = 1, 2 experts, row multiple 4;
+tokens t0..t2 of adapter a, t3 of the base model; t0, t2 → expert 1, t1, t3 → expert 0)::
 
     base layout:  [t1 t3 ·  · | t0 t2 ·  ·]          offsets (4, 8)
     LoRA layout:  [t1 ·  ·  · | t0 t2 ·  ·]          offsets (4, 8): (e0, a), (e1, a)
@@ -87,8 +87,9 @@ def route(h_R_D: torch.Tensor, tokens: TokenRows, router_W_D: torch.Tensor, num_
     logits, top-k, optionally renormalised (summed slot by slot: row-local), weights in the
     compute dtype.
 
-    The router GEMM runs on all batch rows (a multiple of 16 in batch-invariant mode, where a
-    GEMM over just the real rows would not be row-invariant), then keeps the real ones.
+    The router GEMM runs on all batch rows (a multiple of the row multiple in batch-invariant
+    mode, where a GEMM over just the real rows would not be row-invariant), then keeps the
+    real ones.
     ``router_W_D`` may carry zero rows past ``num_experts`` (batch-invariant width padding).
     """
     logits_R_X = torch.nn.functional.linear(h_R_D, router_W_D)

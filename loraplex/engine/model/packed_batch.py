@@ -4,7 +4,8 @@ Built by `pack_sequences` from `SequenceInput`s (new tokens, adapter id or None,
 in the KV cache, block table). Row layout (all linears, norms, the LM head): sequences grouped
 into per-adapter segments in order of first appearance, base-model (no adapter) rows last, the
 total padded with zero rows to a multiple of ``row_multiple``; MKL sgemm gives a row the same
-bits for every row count that is a multiple of 16, wherever the row sits.
+bits for every row count that is a multiple of 8 (of 4 at one or two threads), wherever the row
+sits; the loader checks the multiple on the machine (`row_quantum`).
 
 The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`, defined
 in `lora_batch`). When that costs little (training), segments are padded in place in the row
@@ -113,7 +114,7 @@ def pack_sequences(
     Args:
         seqs: the sequences, in the order results are wanted.
         row_multiple: pad the rows, and every adapter segment of the LoRA layout, to a
-            multiple of this; 16 in batch-invariant mode, 1 in fast mode.
+            multiple of this; 8 in batch-invariant mode, 1 in fast mode.
         block_size: KV positions per cache block (attention's KV block).
         num_heads, num_kv_heads: the model's query and KV heads (the tile plan's row layout).
 

@@ -43,6 +43,10 @@ from loraplex.errors import user_error
 #: output column depends on its weight row only, so the logits keep their bits.
 HEAD_CHUNK = 1024
 HEAD_CHUNK_MAX_ROWS = 256
+#: LoRA rank padding in batch-invariant mode: a GEMM's output width, where the row padding is
+#: its row count. MKL's sgemm gives a column other bits when the output is narrower than 16
+#: (`engine.lora.stacking`), so an r8 adapter pads to 16 whatever the row multiple.
+RANK_MULTIPLE = 16
 
 
 @dataclass(frozen=True)
@@ -50,16 +54,17 @@ class ComputeOptions:
     """How the forward computes (a slice of `EngineConfig`, resolved).
 
     Attributes:
-        batch_invariant: pad rows/ranks to ``row_multiple`` (bitwise results independent of
-            the batch); False: compact rows. Attention is the tiled paged kernel, except in
-            fast mode on CUDA (SDPA over a dense gather); on CPU the tiled kernel measured
-            faster than SDPA for training and decode alike.
-        row_multiple: row and rank padding in batch-invariant mode.
+        batch_invariant: pad GEMM rows to ``row_multiple`` and LoRA ranks to `RANK_MULTIPLE`
+            (bitwise results independent of the batch); False: compact rows. Attention is the
+            tiled paged kernel, except in fast mode on CUDA (SDPA over a dense gather); on CPU
+            the tiled kernel measured faster than SDPA for training and decode alike.
+        row_multiple: GEMM row padding in batch-invariant mode (the loader checks it on the
+            machine: `row_quantum`).
         kv_block_size: keys per attention block and cache page.
     """
 
     batch_invariant: bool = True
-    row_multiple: int = 16
+    row_multiple: int = 8
     kv_block_size: int = 64
 
     @property
@@ -96,8 +101,9 @@ class Transformer:
 
     @property
     def rank_multiple(self) -> int:
-        """LoRA rank padding `AdapterBank.stack` must use (16 in batch-invariant mode)."""
-        return self.options.effective_row_multiple
+        """LoRA rank padding `AdapterBank.stack` must use (`RANK_MULTIPLE` in batch-invariant
+        mode)."""
+        return RANK_MULTIPLE if self.options.batch_invariant else 1
 
     def pack(self, seqs: Sequence[SequenceInput]) -> PackedBatch:
         """`pack_sequences` with this model's layout options."""

@@ -47,8 +47,8 @@ def prefill_logits(model: Transformer, stacks: LoraStacks, kv: PagedKVCache,
                    items: list[PrefillItem]) -> torch.Tensor:
     """Forward the items (writing their KV into ``kv``), then logits ``[N, V]`` of their
     `head_positions` only, concatenated in item order. The head rows are re-packed as a batch
-    of their own (rows padded to 16, adapter segments, unembed LoRA): the same bits as in a
-    full forward."""
+    of their own (rows padded to the row multiple, adapter segments, unembed LoRA): the same
+    bits as in a full forward."""
     batch = model.pack([SequenceInput(it.seq.tokens[it.start:], it.seq.request.work.adapter_id,
                                       it.start, it.seq.block_table) for it in items])
     with torch.no_grad():
