@@ -7,7 +7,8 @@ adapters are paged in and pinned first, and idle ones paged out to keep the memo
 Satisfies the protocol structurally (the engine never imports the scheduler). Threads: one
 worker thread makes every call, except `save_adapter` and `read_checkpoint`, which may run on
 IO threads beside calls about other adapters (the pager's lock and pins keep a save's adapter
-in place).
+in place). The model is loaded on a thread of its own that ends, so that no OpenMP team but
+the worker thread's survives construction (`domain.passing_thread`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
+from loraplex.domain.passing_thread import in_passing_thread
 from loraplex.domain.results import (
     AdapterMemory,
     FwdBwdOutcome,
@@ -62,7 +64,9 @@ class Engine:
         if config.retain_host_memory:
             retain_freed_memory()
         self.model_dir = os.path.abspath(model_dir)
-        self.model = load_model(self.model_dir, config)
+        # Loading runs parallel ops: on a passing thread, so that the thread that computes
+        # stays the process's only OpenMP team (see `domain.passing_thread`).
+        self.model = in_passing_thread(lambda: load_model(self.model_dir, config), "loraplex-load")
         self.bank = AdapterBank(self.model.spec, self.model.device, config.max_lora_rank)
         self._info = self.model.model_info(config.max_context)
         self.trainer = Trainer(self.model, self.bank, self._info.max_context)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from loraplex.domain.passing_thread import in_passing_thread
+
 log = logging.getLogger("loraplex.scheduler")
 
 Job = Callable[[], None]
@@ -30,7 +32,11 @@ class IoWorkers(Protocol):
 
 
 class ThreadedIo:
-    """A pool of ``num_threads`` IO threads."""
+    """A pool of ``num_threads`` IO threads; each job runs on a thread of its own that ends
+    with it. An OpenMP team that a job's tensor ops start (a save's copies) then dies with
+    the job, instead of living on in a pool thread beside the compute thread's team: with more
+    threads in teams than CPUs, GNU OpenMP makes every team sleep between parallel regions,
+    and small ops on the compute thread slow several-fold (`domain.passing_thread`)."""
 
     def __init__(self, num_threads: int, name: str = "loraplex-io") -> None:
         self._pool = ThreadPoolExecutor(max(1, num_threads), thread_name_prefix=name)
@@ -41,7 +47,8 @@ class ThreadedIo:
         with self._lock:
             if self._closed:
                 raise RuntimeError("IO workers are closed")
-            self._pool.submit(job).add_done_callback(_log_failure)
+            future = self._pool.submit(in_passing_thread, job, "loraplex-io-job")
+            future.add_done_callback(_log_failure)
 
     def close(self) -> None:
         with self._lock:
