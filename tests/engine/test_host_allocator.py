@@ -52,3 +52,47 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     assert result["released"] is True
     assert result["kept"] > 256 * 2**20  # the peak stays resident until released
     assert result["after_release"] < 64 * 2**20  # ... and goes back to the OS then
+
+
+
+THREAD_CHILD = """
+import json, resource, sys, threading, torch
+from loraplex.engine import host_allocator
+
+if sys.argv[1] == "retain":
+    host_allocator.retain_freed_memory()  # before the thread starts, as the engine does
+else:  # the control: no mmap, no trim, but per-thread arenas (what retain did before)
+    libc = host_allocator._glibc()
+    libc.mallopt(host_allocator._M_MMAP_MAX, 0)
+    libc.mallopt(host_allocator._M_TRIM_THRESHOLD, host_allocator._INT_MAX)
+out = {}
+
+def faults(steps=4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(steps):
+        (torch.ones(1024, 16384) * 2).sum()  # two 64 MiB tensors per step, freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def compute():  # where the clock thread computes: not the main thread
+    faults(16)
+    out["faults"] = faults()
+
+thread = threading.Thread(target=compute)
+thread.start()
+thread.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
+def test_a_thread_other_than_main_reuses_freed_blocks_too() -> None:
+    """Off the main thread glibc allocates from per-thread arenas of 64 MiB heaps, which do
+    not keep such blocks; one arena for all threads does."""
+    def run(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", THREAD_CHILD, mode], check=True,
+                             capture_output=True, text=True).stdout
+        return int(json.loads(out)["faults"])
+
+    pages = 4 * 2 * 64 * 2**20 // 4096
+    assert run("per-thread-arenas") > pages // 4  # the control faults tensors in again
+    assert run("retain") <= pages // 8
