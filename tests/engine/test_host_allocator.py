@@ -54,7 +54,6 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     assert result["after_release"] < 64 * 2**20  # ... and goes back to the OS then
 
 
-
 THREAD_CHILD = """
 import json, resource, sys, threading, torch
 from loraplex.engine import host_allocator

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, sys
     import torch
     from concurrent.futures import ThreadPoolExecutor
     from loraplex.config import EngineConfig

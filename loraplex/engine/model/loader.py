@@ -15,7 +15,7 @@ from loraplex.engine.model.checkpoint import load_weights
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
 from loraplex.engine.model.row_quantum import row_quantum
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.engine.model.transformer import RANK_MULTIPLE, ComputeOptions, Transformer
 from loraplex.errors import user_error
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -47,16 +47,16 @@ def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
         raise user_error("engine", "row_multiple must be ≥ 1 and kv_block_size a multiple of 16")
     multiple = config.row_multiple
     if config.batch_invariant:
-        multiple = row_quantum(multiple, inner_dims(spec, multiple), device, dtype)
+        multiple = row_quantum(multiple, inner_dims(spec), device, dtype)
     return ComputeOptions(batch_invariant=config.batch_invariant, row_multiple=multiple,
                           kv_block_size=config.kv_block_size)
 
 
-def inner_dims(spec: ModelSpec, row_multiple: int) -> tuple[int, ...]:
+def inner_dims(spec: ModelSpec) -> tuple[int, ...]:
     """The inner (reduction) dimensions of the model's GEMMs: hidden, MLP, attention output,
-    expert MLP, and LoRA ranks as padded (the smallest two)."""
+    expert MLP, and LoRA ranks as padded (the smallest two multiples of `RANK_MULTIPLE`)."""
     dims = [spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
-            row_multiple, 2 * row_multiple]
+            RANK_MULTIPLE, 2 * RANK_MULTIPLE]
     if spec.experts is not None:
         dims.append(spec.experts.expert_intermediate_size)
     return tuple(dims)
