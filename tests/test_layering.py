@@ -1,7 +1,7 @@
 """The import layering of ../shared/STYLE.md §2, enforced by parsing every module's imports.
 
 api → scheduler → (executor protocol) ← engine; store, cost → domain; domain → stdlib.
-Inside `engine`, sub-packages point down too: `sampling` → `lora` → `model`.
+Inside `engine`, sub-packages point down too: `sampling` → `lora` → `model` → `kernels`.
 `errors` and `config` are leaves every layer may use. torch stays inside `engine` (and `cli`,
 the composition root).
 """
@@ -35,7 +35,8 @@ ALLOWED: dict[str, set[str]] = {
 #: Inside `engine`: which of its sub-packages each may import (its own always). Modules directly
 #: in `engine/` (the engine facade, trainer, checkpoint IO) compose them and are unrestricted.
 ENGINE_ALLOWED: dict[str, set[str]] = {
-    "model": set(),  # the base model takes a `LoraBatch` as data; it never imports `lora`
+    "kernels": set(),  # native kernels: the bottom of the engine
+    "model": {"kernels"},  # the base model takes a `LoraBatch` as data; it never imports `lora`
     "builtin": {"model"},
     "gguf": {"model", "builtin"},
     "lora": {"model"},

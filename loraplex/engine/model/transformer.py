@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.domain.model import ModelInfo
+from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
 from loraplex.engine.model.lora_batch import LoraBatch
@@ -61,11 +62,15 @@ class ComputeOptions:
         row_multiple: GEMM row padding in batch-invariant mode (the loader checks it on the
             machine: `row_quantum`).
         kv_block_size: keys per attention block and cache page.
+        gemm: the packed sgemm kernel for the base linears and the head, with the inner
+            dimensions at which it gives F.linear's bits on this machine (`gemm_order`);
+            None: F.linear everywhere.
     """
 
     batch_invariant: bool = True
     row_multiple: int = 8
     kv_block_size: int = 64
+    gemm: GemmKernel | None = None
 
     @property
     def effective_row_multiple(self) -> int:
@@ -84,6 +89,12 @@ class Transformer:
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
         # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
         self._fused = [fuse_projections(layer) for layer in weights.layers]
+        kernel = options.gemm
+        self._qkv = [FrozenLinear(f.qkv, kernel) for f in self._fused]
+        self._o = [FrozenLinear(layer.o_proj, kernel) for layer in weights.layers]
+        self._mlp_linears = {i: MlpLinears.of(weights.layers[i], kernel)
+                             for i in spec.dense_mlp_layers}
+        self._head = FrozenLinear(weights.lm_head, kernel)
         self._head_chunks = weights.lm_head.split(HEAD_CHUNK)
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
@@ -94,6 +105,12 @@ class Transformer:
                 assert experts is not None
                 self._sparse[layer] = SparseMlp(spec.experts, experts, j,
                                                 options.effective_row_multiple)
+
+    def packed_bytes(self) -> int:
+        """Bytes of the base weights' packed copies (0: every base GEMM runs on F.linear)."""
+        linears = [*self._qkv, *self._o, self._head, *(
+            linear for mlp in self._mlp_linears.values() for linear in (*mlp.gate_up, mlp.down))]
+        return sum(linear.nbytes_packed() for linear in linears)
 
     def model_info(self, max_context: int | None = None) -> ModelInfo:
         """The torch-free facts the rest of the system may know (`ModelSpec.model_info`)."""
@@ -138,19 +155,20 @@ class Transformer:
                 assert tokens is not None
                 x_R_D = x_R_D + sparse(h_R_D, tokens, lora)
             else:
-                x_R_D = x_R_D + self._mlp(self._dense_index[i], layer, h_R_D, lora)
+                x_R_D = x_R_D + self._mlp(self._dense_index[i], i, h_R_D, lora)
         return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
         base_R_V = (torch.cat([F.linear(hidden_R_D, w) for w in self._head_chunks], dim=1)
-                    if self._chunk_head(hidden_R_D) else F.linear(hidden_R_D, self.weights.lm_head))
+                    if self._chunk_head(hidden_R_D) else self._head(hidden_R_D))
         return base_R_V if lora is None else lora.add_delta(base_R_V, hidden_R_D, "unembed", 0)
 
     def _chunk_head(self, hidden_R_D: torch.Tensor) -> bool:
         """`HEAD_CHUNK`ed head GEMMs: a small CPU batch outside autograd (where one GEMM's
         backward is cheaper than many)."""
-        return (hidden_R_D.device.type == "cpu" and len(self._head_chunks) > 1
+        return (not self._head.is_packed and hidden_R_D.device.type == "cpu"
+                and len(self._head_chunks) > 1
                 and hidden_R_D.shape[0] <= HEAD_CHUNK_MAX_ROWS
                 and not (torch.is_grad_enabled() and hidden_R_D.requires_grad))
 
@@ -163,7 +181,7 @@ class Transformer:
                    sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
                    kv: PagedKVCache | None) -> torch.Tensor:
         spec, rows = self.spec, h_R_D.shape[0]
-        q, k, v = _fused_linear(h_R_D, self._fused[i].qkv, self._fused[i].qkv_sizes, lora,
+        q, k, v = _fused_linear(h_R_D, self._qkv[i], self._fused[i].qkv_sizes, lora,
                                 ("q_proj", "k_proj", "v_proj"), i)
         q = q.view(rows, spec.num_heads, -1)
         k = k.view(rows, spec.num_kv_heads, -1)
@@ -188,34 +206,61 @@ class Transformer:
             out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
         else:
             out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)
-        return _linear(out, layer.o_proj, lora, "o_proj", i)
+        return _linear(out, self._o[i], lora, "o_proj", i)
 
-    def _mlp(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor,
+    def _mlp(self, i: int, layer: int, h_R_D: torch.Tensor,
              lora: LoraBatch | None) -> torch.Tensor:
-        """A dense MLP; ``i`` is its LoRA layer index (its index among the dense layers)."""
-        assert layer.gate_proj is not None and layer.up_proj is not None
-        assert layer.down_proj is not None
-        outs = [F.linear(h_R_D, layer.gate_proj), F.linear(h_R_D, layer.up_proj)]
+        """Dense MLP of decoder layer ``layer``; ``i`` is its LoRA layer index (its index among
+        the dense layers)."""
+        mlp = self._mlp_linears[layer]
+        outs = (list(mlp.gate_up[0](h_R_D).split(mlp.sizes, dim=1)) if len(mlp.gate_up) == 1
+                else [linear(h_R_D) for linear in mlp.gate_up])
         gate, up = outs if lora is None else lora.add_deltas(outs, h_R_D,
                                                              ("gate_proj", "up_proj"), i)
-        return _linear(F.silu(gate) * up, layer.down_proj, lora, "down_proj", i)
+        return _linear(F.silu(gate) * up, mlp.down, lora, "down_proj", i)
 
 
-def _fused_linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, sizes: tuple[int, ...],
+@dataclass(frozen=True)
+class MlpLinears:
+    """A dense layer's MLP linears. ``gate_up``: one GEMM of gate and up stacked by rows
+    (``sizes`` rows each) when the packed kernel applies it, else the two."""
+
+    gate_up: tuple[FrozenLinear, ...]
+    sizes: tuple[int, int]
+    down: FrozenLinear
+
+    @staticmethod
+    def of(layer: LayerWeights, kernel: GemmKernel | None) -> MlpLinears:
+        """With the packed kernel, gate and up become one GEMM (the fields rebound to views of
+        it, as q/k/v); with MKL they stay two (fused, the ``16 × 576 → 3072`` decode GEMM
+        measured slower than two ``→ 1536`` ones)."""
+        assert layer.gate_proj is not None and layer.up_proj is not None
+        assert layer.down_proj is not None
+        sizes = (layer.gate_proj.shape[0], layer.up_proj.shape[0])
+        down = FrozenLinear(layer.down_proj, kernel)
+        fused = FrozenLinear(torch.cat([layer.gate_proj, layer.up_proj]), kernel)
+        if not fused.is_packed:
+            return MlpLinears((FrozenLinear(layer.gate_proj, kernel),
+                               FrozenLinear(layer.up_proj, kernel)), sizes, down)
+        layer.gate_proj, layer.up_proj = fused.weight.split(sizes)
+        return MlpLinears((fused,), sizes, down)
+
+
+def _fused_linear(x_R_I: torch.Tensor, linear: FrozenLinear, sizes: tuple[int, ...],
                   lora: LoraBatch | None, targets: tuple[str, ...], layer: int
                   ) -> list[torch.Tensor]:
-    """Linears sharing an input as one base GEMM (``w`` = their weights stacked by rows),
-    split into each one's output plus its LoRA delta."""
-    outs = F.linear(x_R_I, w_O_I).split(sizes, dim=1)
+    """Linears sharing an input as one base GEMM (their weights stacked by rows), split into
+    each one's output plus its LoRA delta."""
+    outs = linear(x_R_I).split(sizes, dim=1)
     if lora is None:
         return list(outs)
     return lora.add_deltas(outs, x_R_I, targets, layer)
 
 
-def _linear(x_R_I: torch.Tensor, w_O_I: torch.Tensor, lora: LoraBatch | None, target: str,
+def _linear(x_R_I: torch.Tensor, linear: FrozenLinear, lora: LoraBatch | None, target: str,
             layer: int) -> torch.Tensor:
     """Base linear on all rows, plus the LoRA delta on the adapter rows."""
-    y_R_O = F.linear(x_R_I, w_O_I)
+    y_R_O = linear(x_R_I)
     return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer)
 
 

@@ -5,8 +5,9 @@ adapters, base rows, its position in the pack, tiny adapter segments), nor on ho
 computed (training full forward, prefill + decode at decode batch 1 or 7, or a suffix forwarded
 after a prefix whose KV an earlier request wrote). Shapes are the ``small`` model's (hidden 512,
 8 heads / 4 kv heads of 64, MLP 1536) with 2 layers, and vocab 2500: more than one `HEAD_CHUNK`,
-so a small batch's chunked head GEMMs meet a large batch's single one. Fast mode is checked to
-NOT be invariant, so these tests can fail.
+so a small batch's chunked head GEMMs meet a large batch's single one. Every check runs with
+the base GEMMs on F.linear (MKL) and on the packed kernel (`engine.kernels`). Fast mode is
+checked to NOT be invariant, so these tests can fail.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.kernels.gemm_order import gemm_kernel
+from loraplex.engine.kernels.packed_linear import GemmKernel
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.kv_cache import PagedKVCache
+from loraplex.engine.model.loader import base_inner_dims
 from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
@@ -36,9 +40,10 @@ ADAPTERS = {"r1": LoraConfig(rank=1, seed=1), "r8": LoraConfig(rank=8, seed=2),
 
 
 class Harness:
-    def __init__(self, invariant: bool = True, spec: ModelSpec = SPEC) -> None:
+    def __init__(self, invariant: bool = True, spec: ModelSpec = SPEC,
+                 gemm: GemmKernel | None = None) -> None:
         self.model = Transformer(spec, random_weights(spec, seed=0, std=0.05),
-                                 ComputeOptions(batch_invariant=invariant))
+                                 ComputeOptions(batch_invariant=invariant, gemm=gemm))
         self.bank = AdapterBank(spec, "cpu", max_rank=64)
         self.previous: LoraBatch | None = None
         gen = torch.Generator().manual_seed(7)
@@ -65,9 +70,18 @@ class Harness:
         return self.logprobs([SequenceInput(tokens, adapter)], [[*tokens[1:], 0]])[0]
 
 
-@pytest.fixture(scope="module")
-def harness() -> Harness:
-    return Harness()
+@pytest.fixture(scope="module", params=["mkl", "packed"])
+def harness(request: pytest.FixtureRequest) -> Harness:
+    """Base GEMMs through F.linear (MKL), and through the packed kernel as the loader sets it
+    up on this machine (where it matches F.linear; skipped where it cannot be built)."""
+    if request.param == "mkl":
+        return Harness()
+    gemm = gemm_kernel(base_inner_dims(SPEC), torch.device("cpu"), torch.float32)
+    if gemm is None:
+        pytest.skip("the packed GEMM kernel is not available on this machine")
+    harness = Harness(gemm=gemm)
+    assert harness.model.packed_bytes() > 0  # the kernel really runs the base GEMMs
+    return harness
 
 
 def random_tokens(gen: torch.Generator, n: int) -> list[int]:

@@ -1,0 +1,119 @@
+"""`NativeLibrary`: a C source of this package compiled on the machine that runs it, cached.
+
+The kernels are plain C (no torch headers, no build step at install): the first engine on a
+machine compiles ``packed_gemm.c`` with the system C compiler (``$CC``, else ``cc``) and
+``-O3 -march=native -fopenmp``, in well under a second, into a user cache directory
+(``$LORAPLEX_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/loraplex/kernels``, else
+``~/.cache/loraplex/kernels``); later processes load the cached file. The file name is a hash
+of the source, the compiler's version, the flags and the CPU (its model name and feature flags,
+so a cache shared by different hosts never serves one host's code to another). A new file is
+written under a temporary name and renamed into place, so concurrent builders never see half
+a library.
+
+``-fopenmp`` links ``libgomp.so.1``; loaded into a process where torch already loaded its own
+``libgomp.so.1``, the dynamic loader reuses that one (same soname), so the kernels' parallel
+regions run on torch's OpenMP thread pools and no second runtime is started.
+
+No compiler, a failed build or a CPU without AVX2/AVX-512: `load` returns None with the reason,
+and the engine keeps torch's GEMMs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-std=gnu11", "-shared",
+         "-fPIC")
+
+
+@dataclass(frozen=True)
+class NativeLibrary:
+    """A loaded kernel library, or why there is none.
+
+    Attributes:
+        handle: the ctypes library (None when unavailable).
+        reason: why it is unavailable ("" when loaded).
+        path: the shared object loaded.
+    """
+
+    handle: ctypes.CDLL | None
+    reason: str = ""
+    path: Path | None = None
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept (see the module docstring)."""
+    explicit = os.environ.get("LORAPLEX_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "loraplex" / "kernels"
+
+
+def load(source: Path) -> NativeLibrary:
+    """``source`` compiled for this machine (built on first use) and loaded."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return NativeLibrary(None, "no C compiler found ($CC, cc or gcc)")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return NativeLibrary(None, f"{compiler} --version failed: {exc}")
+    text = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(FLAGS).encode(),
+                                     _cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{key}.so"
+    if not target.is_file():
+        error = _build(compiler, source, target)
+        if error:
+            return NativeLibrary(None, error)
+    try:
+        return NativeLibrary(ctypes.CDLL(str(target)), "", target)
+    except OSError as exc:
+        return NativeLibrary(None, f"loading {target} failed: {exc}")
+
+
+def _build(compiler: str, source: Path, target: Path) -> str:
+    """Compile ``source`` into ``target`` atomically; an error message, or "" on success."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        return f"kernel cache {target.parent} is not writable: {exc}"
+    try:
+        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(source)], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            return f"compiling {source.name} failed: {done.stderr.strip()[-2000:]}"
+        os.replace(tmp, target)
+        log.info("compiled %s into %s", source.name, target)
+        return ""
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"compiling {source.name} failed: {exc}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and feature flags (what -march=native compiled for)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line.strip() for line in lines if line.startswith(wanted)}))

@@ -1,0 +1,138 @@
+/* loraplex packed sgemm: y[M][O] = x[M][K] · w[O][K]ᵀ for a frozen weight packed in panels.
+ *
+ * The weight is packed once (engine/kernels/packed_linear.py) as panels of LANES outputs,
+ * k-major: wp[p][k][l] = w[p·LANES + l][k] (zero past O). A micro-kernel keeps MR rows × two
+ * panels of accumulators in registers and streams the panels once per row block.
+ *
+ * Summation order, which is the point: each output element sums its K products in blocks of
+ * `block` (k ascending; the last block may be shorter), each block a chain of fused
+ * multiply-adds starting from zero, and adds the blocks' sums to the running total in order.
+ * That is the order MKL's sgemm uses on the machines we run on (blocks of 192 for K ≥ 384), so
+ * y has the bits F.linear gives; the loader checks it on the machine before using the kernel
+ * (engine/kernels/gemm_order.py). Every element is computed the same way whatever M, the row
+ * block it falls in, the thread that computes it or the thread count: a row's bits never
+ * depend on the batch.
+ *
+ * Built at run time with -march=native (engine/kernels/native_library.py): AVX-512F or
+ * AVX2 + FMA; lp_lanes() says which (0: neither, the kernel is not used).
+ */
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define LANES 16
+#define MR 8
+typedef __m512 vec_t;
+static inline vec_t v_zero(void) { return _mm512_setzero_ps(); }
+static inline vec_t v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec_t v_bcast(const float *p) { return _mm512_set1_ps(*p); }
+static inline vec_t v_fma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec_t v_add(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
+static inline __mmask16 v_mask(int n) { return (__mmask16)((1u << n) - 1u); }
+static inline vec_t v_load_n(const float *p, int n) {
+    return n == LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(v_mask(n), p);
+}
+static inline void v_store_n(float *p, vec_t v, int n) {
+    if (n == LANES) _mm512_storeu_ps(p, v);
+    else _mm512_mask_storeu_ps(p, v_mask(n), v);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LANES 8
+#define MR 4
+typedef __m256 vec_t;
+static inline vec_t v_zero(void) { return _mm256_setzero_ps(); }
+static inline vec_t v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec_t v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+static inline vec_t v_fma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec_t v_add(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
+static inline __m256i v_mask(int n) {
+    static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_loadu_si256((const __m256i *)ramp));
+}
+static inline vec_t v_load_n(const float *p, int n) {
+    return n == LANES ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, v_mask(n));
+}
+static inline void v_store_n(float *p, vec_t v, int n) {
+    if (n == LANES) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, v_mask(n), v);
+}
+#else
+#define LANES 0
+#endif
+
+/* Rows of one micro-kernel call per cache chunk of rows (the chunk's x rows stay in L2 while
+ * every panel pair streams past them). */
+#define ROW_CHUNK 256
+
+int lp_lanes(void) { return LANES; }
+
+#if LANES > 0
+
+/* Rows m0 .. m0+mr-1 (mr ≤ MR) against panels w0 (n0 outputs) and w1 (n1 outputs; n1 = 0: no
+ * second panel, w1 aliases w0 and its sums are dropped). y points at output column 0 of the
+ * first panel in row m0. */
+static void micro_kernel(const float *x, int64_t K, int64_t block, const float *w0,
+                         const float *w1, int n0, int n1, int mr, float *y, int64_t O) {
+    const float *xr[MR];
+    for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
+    for (int64_t k0 = 0; k0 < K; k0 += block) {
+        int64_t k1 = k0 + block < K ? k0 + block : K;
+        vec_t acc0[MR], acc1[MR];
+        for (int m = 0; m < MR; m++) {
+            acc0[m] = v_zero();
+            acc1[m] = v_zero();
+        }
+        for (int64_t k = k0; k < k1; k++) {
+            vec_t a = v_load(w0 + k * LANES);
+            vec_t b = v_load(w1 + k * LANES);
+            for (int m = 0; m < MR; m++) {
+                vec_t xv = v_bcast(xr[m] + k);
+                acc0[m] = v_fma(xv, a, acc0[m]);
+                acc1[m] = v_fma(xv, b, acc1[m]);
+            }
+        }
+        for (int m = 0; m < mr; m++) {
+            float *row = y + (int64_t)m * O;
+            if (k0 > 0) {
+                acc0[m] = v_add(v_load_n(row, n0), acc0[m]);
+                if (n1 > 0) acc1[m] = v_add(v_load_n(row + LANES, n1), acc1[m]);
+            }
+            v_store_n(row, acc0[m], n0);
+            if (n1 > 0) v_store_n(row + LANES, acc1[m], n1);
+        }
+    }
+}
+
+void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, int64_t K,
+               int64_t block, int64_t num_threads) {
+    if (M <= 0 || O <= 0) return;
+    if (K <= 0 || block <= 0) {
+        memset(y, 0, (size_t)(M * O) * sizeof(float));
+        return;
+    }
+    int64_t panels = (O + LANES - 1) / LANES;
+    int64_t pairs = (panels + 1) / 2;
+    #pragma omp parallel num_threads((int)num_threads)
+    for (int64_t c0 = 0; c0 < M; c0 += ROW_CHUNK) {
+        int64_t c1 = c0 + ROW_CHUNK < M ? c0 + ROW_CHUNK : M;
+        #pragma omp for schedule(static)
+        for (int64_t q = 0; q < pairs; q++) {
+            int64_t p = 2 * q;
+            int64_t o0 = p * LANES;
+            int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
+            int n1 = p + 1 < panels ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES)
+                                    : 0;
+            const float *w0 = wp + p * K * LANES;
+            const float *w1 = n1 > 0 ? w0 + K * LANES : w0;
+            for (int64_t m0 = c0; m0 < c1; m0 += MR) {
+                int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
+                micro_kernel(x + m0 * K, K, block, w0, w1, n0, n1, mr, y + m0 * O + o0, O);
+            }
+        }
+    }
+}
+
+#endif

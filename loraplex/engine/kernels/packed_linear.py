@@ -1,0 +1,125 @@
+"""`GemmKernel` and `FrozenLinear`: a frozen base weight applied by the packed sgemm kernel,
+with F.linear's bits.
+
+MKL's sgemm on the AMD CPUs we run on takes its AVX2 path: 85 GFLOP/s on one core for large
+batches, and far less for the few rows of a decode step (27 GFLOP/s at 8 rows: it repacks the
+weight on every call). ``packed_gemm.c`` keeps each weight packed once, in panels of 16
+outputs, and streams it through an AVX-512 micro-kernel: 2–2.5× MKL's speed from 8 rows to
+2048, measured on this machine (`benchmarks/packed_gemm.py`). Batch invariance and the
+sampler/trainer logprob equality need every GEMM of a row to give the same bits in a decode
+step, a prefill and a training forward; the kernel sums each output in the order MKL does
+(`gemm_order`), which the loader checks on the machine, so a weight goes through the kernel
+only where its bits equal F.linear's, and mixing the two paths changes nothing.
+
+The packed copy doubles the memory of the base linears (the original stays for the backward,
+``dx = dy · w``, whose bits do not matter, and for F.linear wherever the kernel is not used).
+``EngineConfig.packed_gemm`` turns it off. CPU and float32 only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    """The loaded kernel library and, per inner dimension K, the block size at which it
+    reproduces F.linear on this machine (K absent: that K stays on F.linear).
+
+    Attributes:
+        library: the ctypes handle of ``packed_gemm.c``.
+        lanes: outputs per panel (16 with AVX-512, 8 with AVX2).
+        blocks: K → K-block size.
+    """
+
+    library: ctypes.CDLL
+    lanes: int
+    blocks: Mapping[int, int]
+
+    def pack(self, weight_O_K: torch.Tensor) -> torch.Tensor:
+        """``wp[p, k, l] = w[p·lanes + l, k]`` (zeros past the last output), contiguous."""
+        out_features, in_features = weight_O_K.shape
+        panels = -(-out_features // self.lanes)
+        padded = F.pad(weight_O_K, (0, 0, 0, panels * self.lanes - out_features))
+        return padded.view(panels, self.lanes, in_features).transpose(1, 2).contiguous()
+
+    def matmul(self, x_M_K: torch.Tensor, panels_P_K_L: torch.Tensor, out_features: int,
+               block: int) -> torch.Tensor:
+        """``x · wᵀ`` from the packed weight (no autograd): ``[M, out_features]``."""
+        x_M_K = x_M_K.contiguous()
+        rows, inner = x_M_K.shape
+        y_M_O = torch.empty(rows, out_features, dtype=x_M_K.dtype, device=x_M_K.device)
+        self.library.lp_linear(
+            ctypes.c_void_p(x_M_K.data_ptr()), ctypes.c_void_p(panels_P_K_L.data_ptr()),
+            ctypes.c_void_p(y_M_O.data_ptr()), ctypes.c_int64(rows),
+            ctypes.c_int64(out_features), ctypes.c_int64(inner), ctypes.c_int64(block),
+            ctypes.c_int64(torch.get_num_threads()))
+        return y_M_O
+
+
+#: Fewest outputs the kernel takes: MKL runs narrower GEMMs with kernels that sum otherwise.
+MIN_OUT_FEATURES = 16
+
+
+class FrozenLinear:
+    """``x ↦ x · wᵀ`` for one frozen weight ``[out, in]``: the packed kernel when ``kernel``
+    reproduces F.linear at this inner dimension (and the weight has at least
+    `MIN_OUT_FEATURES` outputs), else F.linear itself. The kernel's rows match MKL's from 4
+    rows up (MKL's 1–3-row path sums otherwise; batch-invariant mode pads rows to 8).
+
+    Attributes:
+        weight: the weight in its HF layout (what F.linear and the backward use).
+    """
+
+    def __init__(self, weight_O_I: torch.Tensor, kernel: GemmKernel | None) -> None:
+        self.weight = weight_O_I
+        self._kernel: GemmKernel | None = None
+        self._block = 0
+        self._panels: torch.Tensor | None = None
+        usable = (kernel is not None and weight_O_I.device.type == "cpu"
+                  and weight_O_I.dtype == torch.float32
+                  and weight_O_I.shape[0] >= MIN_OUT_FEATURES)
+        if usable and kernel is not None and weight_O_I.shape[1] in kernel.blocks:
+            self._kernel = kernel
+            self._block = kernel.blocks[weight_O_I.shape[1]]
+            self._panels = kernel.pack(weight_O_I)
+
+    @property
+    def is_packed(self) -> bool:
+        return self._panels is not None
+
+    def nbytes_packed(self) -> int:
+        """Bytes of the packed copy (0 when the kernel is not used)."""
+        return 0 if self._panels is None else self._panels.numel() * self._panels.element_size()
+
+    def __call__(self, x_R_I: torch.Tensor) -> torch.Tensor:
+        if self._kernel is None or x_R_I.dtype != torch.float32 or x_R_I.dim() != 2:
+            return F.linear(x_R_I, self.weight)
+        if torch.is_grad_enabled() and x_R_I.requires_grad:
+            out: torch.Tensor = _PackedLinearFunction.apply(x_R_I, self)
+            return out
+        return self.forward_no_grad(x_R_I)
+
+    def forward_no_grad(self, x_R_I: torch.Tensor) -> torch.Tensor:
+        assert self._kernel is not None and self._panels is not None
+        return self._kernel.matmul(x_R_I, self._panels, self.weight.shape[0], self._block)
+
+
+class _PackedLinearFunction(torch.autograd.Function):
+    """The kernel's forward; the backward is ``dx = dy · w`` (the weight is frozen)."""
+
+    @staticmethod
+    def forward(ctx: Any, x_R_I: torch.Tensor, linear: FrozenLinear) -> torch.Tensor:
+        ctx.linear = linear
+        return linear.forward_no_grad(x_R_I)
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor, None]:
+        linear: FrozenLinear = ctx.linear
+        return d_out.mm(linear.weight), None
