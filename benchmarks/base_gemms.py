@@ -1,5 +1,6 @@
-"""Replays of a model's base-model GEMMs alone, on its own weights and shapes: the floor under
-a step, above which sit LoRA, attention, norms, sampling and everything else.
+"""Replays of a model's base-model GEMMs alone, on its own weights and shapes, as its forward
+runs them (the packed kernel where the model uses it, else F.linear): the floor under a step,
+above which sit LoRA, attention, norms, sampling and everything else.
 
 Used by `step_overhead` (overhead per layer = step − replay) and `engine_sample` (the base-GEMM
 floor of a whole workload, and so the most any sampler built on these GEMMs could gain over
@@ -22,33 +23,52 @@ def base_gemm_replay(model: Any, rows: int, backward: bool, head_rows: int | Non
     ``head_rows`` (default ``rows``) as ``model.logits`` runs it without an adapter (with
     ``backward``: plus each one's input-gradient GEMM)."""
     import torch
-    import torch.nn.functional as F
 
-    weights = [w for layer in model.weights.layers
-               for w in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
-                         layer.gate_proj, layer.up_proj, layer.down_proj) if w is not None]
+    linears = _layer_linears(model)
     head = model.weights.lm_head
     head_rows = rows if head_rows is None else head_rows
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=model.dtype) for w in weights}
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=model.dtype) for w, _, _ in linears}
     head_input = torch.randn(head_rows, head.shape[1], dtype=model.dtype)
     grads = {w.shape[0]: torch.randn(rows, w.shape[0], dtype=model.dtype)
-             for w in weights} if backward else {}
+             for w, _, _ in linears} if backward else {}
     head_grad = torch.randn(head_rows, head.shape[0], dtype=model.dtype) if backward else None
+    head_grad_fn = _layer_linears(model, head=True)[-1][2]
 
     def layers() -> None:
         with torch.no_grad():
-            for w in weights:
-                F.linear(inputs[w.shape[1]], w)
+            for w, forward, input_grad in linears:
+                forward(inputs[w.shape[1]])
                 if backward:
-                    torch.mm(grads[w.shape[0]], w)
+                    input_grad(grads[w.shape[0]])
 
     def lm_head() -> None:
         with torch.no_grad():
             model.logits(head_input)
             if head_grad is not None:
-                torch.mm(head_grad, head)
+                head_grad_fn(head_grad)
 
     return layers, lm_head
+
+
+Linear = tuple[Any, Callable[[Any], Any], Callable[[Any], Any]]
+
+
+def _layer_linears(model: Any, head: bool = False) -> list[Linear]:
+    """(weight, forward, input gradient) of every layer's base GEMM as the model runs it
+    (with ``head``: of the LM head alone): its own `FrozenLinear`s (the packed kernel where it
+    applies), or F.linear and torch.mm at revisions from before them."""
+    import torch
+    import torch.nn.functional as F
+
+    if hasattr(model, "base_linears"):
+        found = model.base_linears()
+        chosen = found[-1:] if head else found[:-1]
+        return [(lin.weight, lin, lin.input_grad) for lin in chosen]
+    weights = [model.weights.lm_head] if head else [
+        w for layer in model.weights.layers
+        for w in (layer.q_proj, layer.k_proj, layer.v_proj, layer.o_proj,
+                  layer.gate_proj, layer.up_proj, layer.down_proj) if w is not None]
+    return [(w, lambda x, w=w: F.linear(x, w), lambda g, w=w: torch.mm(g, w)) for w in weights]
 
 
 def forward_floor_seconds(model: Any, rows: int, head_rows: int, repeats: int = 3) -> float:
@@ -92,9 +112,9 @@ def floor_table(floors: dict[str, dict[str, float]] | None) -> list[str]:
             f"{f['floor_s']:.2f} | {f['ours_above_floor_s']:.2f} | **{f['max_ratio']:.2f}** |"
             for name, f in floors.items()]
     return ["The base-model GEMMs alone (`benchmarks.base_gemms`: every layer's seven linears "
-            "and the LM head on the model's own weights, at our sampler's padded shapes, "
-            "invariant mode), CPU seconds: the floor under our sampler, and `max_ratio` = HF's "
-            "CPU seconds ÷ that floor, the best ratio any sampler on these MKL GEMMs could "
-            "reach.", "",
+            "and the LM head on the model's own weights, as the model runs them (the packed "
+            "kernel where it applies), at our sampler's padded shapes, invariant mode), CPU "
+            "seconds: the floor under our sampler, and `max_ratio` = HF's CPU seconds ÷ that "
+            "floor, the best ratio any sampler on these GEMMs could reach.", "",
             "| workload | prefill GEMMs s | decode-step GEMMs ms | floor s | ours − floor s | "
             "max_ratio |", "|---|---|---|---|---|---|", *rows, ""]

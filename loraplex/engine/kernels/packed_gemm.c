@@ -2,7 +2,11 @@
  *
  * The weight is packed once (engine/kernels/packed_linear.py) as panels of LANES outputs,
  * k-major: wp[p][k][l] = w[p·LANES + l][k] (zero past O). A micro-kernel keeps MR rows × two
- * panels of accumulators in registers and streams the panels once per row block.
+ * panels of accumulators in registers and streams the panels once per row block. The panel
+ * layout is given by two strides (panel p starts at p·panel_stride floats, its row k at
+ * k·row_stride): (K·LANES, LANES) for a packed weight, and (LANES, O) to multiply by an
+ * unpacked [K][O] matrix, whose rows already hold LANES consecutive outputs side by side: the
+ * backward's dx = dy · w reads the weight as it is (O a multiple of LANES).
  *
  * Summation order, which is the point: each output element sums its K products in blocks of
  * `block` (k ascending; the last block may be shorter), each block a chain of fused
@@ -63,51 +67,54 @@ static inline void v_store_n(float *p, vec_t v, int n) {
 #define LANES 0
 #endif
 
-/* Rows of one micro-kernel call per cache chunk of rows (the chunk's x rows stay in L2 while
- * every panel pair streams past them). */
+/* Rows per cache chunk: a chunk's slice of x for one K block (256 × 192 floats) stays in L2
+ * while every panel pair's slice of the weight for that block (192 × 2·LANES floats) streams
+ * past it. */
 #define ROW_CHUNK 256
 
 int lp_lanes(void) { return LANES; }
 
 #if LANES > 0
 
-/* Rows m0 .. m0+mr-1 (mr ≤ MR) against panels w0 (n0 outputs) and w1 (n1 outputs; n1 = 0: no
- * second panel, w1 aliases w0 and its sums are dropped). y points at output column 0 of the
- * first panel in row m0. */
-static void micro_kernel(const float *x, int64_t K, int64_t block, const float *w0,
-                         const float *w1, int n0, int n1, int mr, float *y, int64_t O) {
+/* Rows m0 .. m0+mr-1 (mr ≤ MR), products k0 .. k1-1 (one K block), against panels w0 (n0
+ * outputs) and w1 (n1 outputs; n1 = 0: no second panel, w1 aliases w0 and its sums are
+ * dropped). x and the panels point at k0; y at output column 0 of the first panel in row m0.
+ * The block's sums start from zero and are stored (first block) or added to y. */
+static void micro_kernel(const float *x, int64_t K, int64_t kn, const float *w0,
+                         const float *w1, int64_t row_stride, int first, int n0, int n1,
+                         int mr, float *y, int64_t O) {
     const float *xr[MR];
     for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
-    for (int64_t k0 = 0; k0 < K; k0 += block) {
-        int64_t k1 = k0 + block < K ? k0 + block : K;
-        vec_t acc0[MR], acc1[MR];
+    vec_t acc0[MR], acc1[MR];
+    for (int m = 0; m < MR; m++) {
+        acc0[m] = v_zero();
+        acc1[m] = v_zero();
+    }
+    for (int64_t k = 0; k < kn; k++) {
+        vec_t a = v_load(w0 + k * row_stride);
+        vec_t b = v_load(w1 + k * row_stride);
         for (int m = 0; m < MR; m++) {
-            acc0[m] = v_zero();
-            acc1[m] = v_zero();
+            vec_t xv = v_bcast(xr[m] + k);
+            acc0[m] = v_fma(xv, a, acc0[m]);
+            acc1[m] = v_fma(xv, b, acc1[m]);
         }
-        for (int64_t k = k0; k < k1; k++) {
-            vec_t a = v_load(w0 + k * LANES);
-            vec_t b = v_load(w1 + k * LANES);
-            for (int m = 0; m < MR; m++) {
-                vec_t xv = v_bcast(xr[m] + k);
-                acc0[m] = v_fma(xv, a, acc0[m]);
-                acc1[m] = v_fma(xv, b, acc1[m]);
-            }
+    }
+    for (int m = 0; m < mr; m++) {
+        float *row = y + (int64_t)m * O;
+        if (!first) {
+            acc0[m] = v_add(v_load_n(row, n0), acc0[m]);
+            if (n1 > 0) acc1[m] = v_add(v_load_n(row + LANES, n1), acc1[m]);
         }
-        for (int m = 0; m < mr; m++) {
-            float *row = y + (int64_t)m * O;
-            if (k0 > 0) {
-                acc0[m] = v_add(v_load_n(row, n0), acc0[m]);
-                if (n1 > 0) acc1[m] = v_add(v_load_n(row + LANES, n1), acc1[m]);
-            }
-            v_store_n(row, acc0[m], n0);
-            if (n1 > 0) v_store_n(row + LANES, acc1[m], n1);
-        }
+        v_store_n(row, acc0[m], n0);
+        if (n1 > 0) v_store_n(row + LANES, acc1[m], n1);
     }
 }
 
+/* Loop nest: row chunks, then K blocks in order (an element's block sums are added in order:
+ * the same arithmetic as summing all blocks of a row block at once), then panel pairs across
+ * threads (static: a pair stays on one thread for every block), then row blocks. */
 void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, int64_t K,
-               int64_t block, int64_t num_threads) {
+               int64_t block, int64_t panel_stride, int64_t row_stride, int64_t num_threads) {
     if (M <= 0 || O <= 0) return;
     if (K <= 0 || block <= 0) {
         memset(y, 0, (size_t)(M * O) * sizeof(float));
@@ -118,18 +125,22 @@ void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, 
     #pragma omp parallel num_threads((int)num_threads)
     for (int64_t c0 = 0; c0 < M; c0 += ROW_CHUNK) {
         int64_t c1 = c0 + ROW_CHUNK < M ? c0 + ROW_CHUNK : M;
-        #pragma omp for schedule(static)
-        for (int64_t q = 0; q < pairs; q++) {
-            int64_t p = 2 * q;
-            int64_t o0 = p * LANES;
-            int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
-            int n1 = p + 1 < panels ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES)
-                                    : 0;
-            const float *w0 = wp + p * K * LANES;
-            const float *w1 = n1 > 0 ? w0 + K * LANES : w0;
-            for (int64_t m0 = c0; m0 < c1; m0 += MR) {
-                int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
-                micro_kernel(x + m0 * K, K, block, w0, w1, n0, n1, mr, y + m0 * O + o0, O);
+        for (int64_t k0 = 0; k0 < K; k0 += block) {
+            int64_t kn = k0 + block < K ? block : K - k0;
+            #pragma omp for schedule(static)
+            for (int64_t q = 0; q < pairs; q++) {
+                int64_t p = 2 * q;
+                int64_t o0 = p * LANES;
+                int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
+                int n1 = p + 1 < panels
+                             ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES) : 0;
+                const float *w0 = wp + p * panel_stride + k0 * row_stride;
+                const float *w1 = n1 > 0 ? w0 + panel_stride : w0;
+                for (int64_t m0 = c0; m0 < c1; m0 += MR) {
+                    int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
+                    micro_kernel(x + m0 * K + k0, K, kn, w0, w1, row_stride, k0 == 0, n0, n1,
+                                 mr, y + m0 * O + o0, O);
+                }
             }
         }
     }

@@ -52,14 +52,28 @@ class GemmKernel:
     def matmul(self, x_M_K: torch.Tensor, panels_P_K_L: torch.Tensor, out_features: int,
                block: int) -> torch.Tensor:
         """``x · wᵀ`` from the packed weight (no autograd): ``[M, out_features]``."""
+        inner = x_M_K.shape[1]
+        return self._run(x_M_K, panels_P_K_L, out_features, block, inner * self.lanes,
+                         self.lanes)
+
+    def matmul_unpacked(self, x_M_K: torch.Tensor, w_K_O: torch.Tensor) -> torch.Tensor:
+        """``x · w`` for a contiguous ``[K, O]`` matrix as it is (O a multiple of `lanes`):
+        its rows already hold a panel's outputs side by side. Sums in blocks of 192 (the
+        backward's ``dy · w``, whose bits need not match anything)."""
+        out_features = w_K_O.shape[1]
+        assert out_features % self.lanes == 0 and w_K_O.is_contiguous()
+        return self._run(x_M_K, w_K_O, out_features, 192, self.lanes, out_features)
+
+    def _run(self, x_M_K: torch.Tensor, w: torch.Tensor, out_features: int, block: int,
+             panel_stride: int, row_stride: int) -> torch.Tensor:
         x_M_K = x_M_K.contiguous()
         rows, inner = x_M_K.shape
         y_M_O = torch.empty(rows, out_features, dtype=x_M_K.dtype, device=x_M_K.device)
+        i64 = ctypes.c_int64
         self.library.lp_linear(
-            ctypes.c_void_p(x_M_K.data_ptr()), ctypes.c_void_p(panels_P_K_L.data_ptr()),
-            ctypes.c_void_p(y_M_O.data_ptr()), ctypes.c_int64(rows),
-            ctypes.c_int64(out_features), ctypes.c_int64(inner), ctypes.c_int64(block),
-            ctypes.c_int64(torch.get_num_threads()))
+            ctypes.c_void_p(x_M_K.data_ptr()), ctypes.c_void_p(w.data_ptr()),
+            ctypes.c_void_p(y_M_O.data_ptr()), i64(rows), i64(out_features), i64(inner),
+            i64(block), i64(panel_stride), i64(row_stride), i64(torch.get_num_threads()))
         return y_M_O
 
 
@@ -110,6 +124,15 @@ class FrozenLinear:
         assert self._kernel is not None and self._panels is not None
         return self._kernel.matmul(x_R_I, self._panels, self.weight.shape[0], self._block)
 
+    def input_grad(self, d_out_R_O: torch.Tensor) -> torch.Tensor:
+        """``dx = dy · w``: the kernel reading the weight unpacked (no second copy) when the
+        input width is a whole number of panels, else torch's matmul."""
+        kernel = self._kernel
+        if (kernel is not None and self.weight.shape[1] % kernel.lanes == 0
+                and self.weight.is_contiguous()):
+            return kernel.matmul_unpacked(d_out_R_O, self.weight)
+        return d_out_R_O.mm(self.weight)
+
 
 class _PackedLinearFunction(torch.autograd.Function):
     """The kernel's forward; the backward is ``dx = dy · w`` (the weight is frozen)."""
@@ -122,4 +145,4 @@ class _PackedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor, None]:
         linear: FrozenLinear = ctx.linear
-        return d_out.mm(linear.weight), None
+        return linear.input_grad(d_out), None

@@ -106,11 +106,16 @@ class Transformer:
                 self._sparse[layer] = SparseMlp(spec.experts, experts, j,
                                                 options.effective_row_multiple)
 
+    def base_linears(self) -> list[FrozenLinear]:
+        """The dense layers' base GEMMs as the forward runs them (q/k/v fused; gate/up fused
+        where the packed kernel runs them), then the LM head."""
+        mlps = [linear for mlp in self._mlp_linears.values()
+                for linear in (*mlp.gate_up, mlp.down)]
+        return [*self._qkv, *self._o, *mlps, self._head]
+
     def packed_bytes(self) -> int:
         """Bytes of the base weights' packed copies (0: every base GEMM runs on F.linear)."""
-        linears = [*self._qkv, *self._o, self._head, *(
-            linear for mlp in self._mlp_linears.values() for linear in (*mlp.gate_up, mlp.down))]
-        return sum(linear.nbytes_packed() for linear in linears)
+        return sum(linear.nbytes_packed() for linear in self.base_linears())
 
     def model_info(self, max_context: int | None = None) -> ModelInfo:
         """The torch-free facts the rest of the system may know (`ModelSpec.model_info`)."""

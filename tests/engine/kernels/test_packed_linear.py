@@ -104,18 +104,38 @@ def test_the_order_check_rejects_a_wrong_block(kernel: GemmKernel) -> None:
     assert candidate_blocks(576)[0] == 192 and candidate_blocks(300)[0] == 150
 
 
-def test_frozen_linear_forward_and_backward_equal_f_linear(kernel: GemmKernel) -> None:
+def test_frozen_linear_forward_equals_f_linear_and_its_backward_is_right(
+        kernel: GemmKernel) -> None:
+    """Forward bitwise; the input gradient (the kernel reading the weight unpacked) within
+    fp32 rounding of torch's: 576 inputs (whole panels: the kernel) and 300 (torch.mm)."""
     gen = torch.Generator().manual_seed(3)
-    w = torch.randn(96, 576, generator=gen)
-    linear = FrozenLinear(w, kernel)
-    assert linear.is_packed and linear.nbytes_packed() == 96 * 576 * 4
-    x = torch.randn(24, 576, generator=gen, requires_grad=True)
-    grad = torch.randn(24, 96, generator=gen)
-    (ours,) = torch.autograd.grad(linear(x), x, grad)
-    (theirs,) = torch.autograd.grad(F.linear(x, w), x, grad)
-    assert torch.equal(ours, theirs)
-    with torch.no_grad():
-        assert torch.equal(linear(x), F.linear(x, w))
+    for inner in (576, 300):
+        w = torch.randn(96, inner, generator=gen)
+        linear = FrozenLinear(w, kernel)
+        assert linear.is_packed and linear.nbytes_packed() == 96 * inner * 4
+        x = torch.randn(24, inner, generator=gen, requires_grad=True)
+        grad = torch.randn(24, 96, generator=gen)
+        (ours,) = torch.autograd.grad(linear(x), x, grad)
+        (theirs,) = torch.autograd.grad(F.linear(x, w), x, grad)
+        assert (ours - theirs).abs().max() <= 1e-5 * theirs.abs().max()
+        with torch.no_grad():
+            assert torch.equal(linear(x), F.linear(x, w))
+
+
+def test_unpacked_matmul_reads_a_row_major_matrix_as_panels(kernel: GemmKernel) -> None:
+    """``x · w`` for ``w [K, O]`` as it is: every output width a multiple of the panel, odd
+    panel counts, rows past a micro-kernel block, two threads."""
+    gen = torch.Generator().manual_seed(4)
+    for out_features in (kernel.lanes, 3 * kernel.lanes, 40 * kernel.lanes):
+        w = torch.randn(700, out_features, generator=gen)
+        for rows in (1, 13, 300):
+            x = torch.randn(rows, 700, generator=gen)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got = kernel.matmul_unpacked(x, w)
+                want = x.double().mm(w.double())
+                assert (got.double() - want).abs().max() <= 1e-4 * want.abs().max()
+    torch.set_num_threads(1)
 
 
 def test_frozen_linear_falls_back_where_the_kernel_does_not_apply(kernel: GemmKernel) -> None:
