@@ -53,10 +53,11 @@ class EngineConfig:
         page_dir: scratch directory for paged-out adapter state; the engine writes into a
             private subdirectory it deletes on close. Never a checkpoint: its files are
             deleted and overwritten freely (None: a temporary directory).
-        packed_gemm: on CPU in float32, apply the base model's linears and head with the packed
-            sgemm kernel (built with the system C compiler on first use) wherever the loader
-            finds it gives F.linear's bits on this machine (`engine.kernels`); it keeps a
-            packed copy of those weights (twice their memory). False: F.linear only.
+        native_kernels: on CPU in float32, run loraplex's C kernels (`engine.kernels`, built
+            with the system C compiler on first use): the packed sgemm for the base model's
+            linears and head, wherever the loader finds it gives F.linear's bits on this
+            machine (it keeps a packed copy of those weights: twice their memory), and the
+            paged attention forward. False: torch only.
     """
 
     device: str = "auto"
@@ -72,7 +73,7 @@ class EngineConfig:
     adapter_memory_budget: int | None = None
     host_memory_budget: int | None = None
     page_dir: str | None = None
-    packed_gemm: bool = True
+    native_kernels: bool = True
 
     def __post_init__(self) -> None:
         if self.num_threads is not None and self.num_threads < 1:

@@ -19,7 +19,6 @@ which run through the kernel wherever it is enabled, remain the real proof.
 from __future__ import annotations
 
 import logging
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -58,19 +57,13 @@ def matching_block(kernel: GemmKernel, inner: int) -> int | None:
     return None
 
 
-@cache
-def _library() -> native_library.NativeLibrary:
-    """The kernel library, built and loaded once per process (it never changes)."""
-    return native_library.load(SOURCE)
-
-
 def gemm_kernel(inner_dims: tuple[int, ...], device: torch.device,
                 dtype: torch.dtype) -> GemmKernel | None:
     """The kernel with the block size of every inner dimension it matches F.linear at (at the
     current torch thread count), or None when it cannot be used here (the reason is logged)."""
     if device.type != "cpu" or dtype != torch.float32:
         return None
-    native = _library()
+    native = native_library.packaged(SOURCE.stem)
     if native.handle is None:
         log.warning("packed GEMM kernel unavailable (%s); base GEMMs use F.linear",
                     native.reason)

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "loraplex" / "kernels"
+
+
+@cache
+def packaged(name: str) -> NativeLibrary:
+    """The package's ``name.c``, built and loaded once per process (it never changes)."""
+    return load(Path(__file__).with_name(f"{name}.c"))
 
 
 def load(source: Path) -> NativeLibrary:

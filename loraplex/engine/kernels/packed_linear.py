@@ -13,7 +13,7 @@ only where its bits equal F.linear's, and mixing the two paths changes nothing.
 
 The packed copy doubles the memory of the base linears (the original stays for the backward,
 ``dx = dy · w``, whose bits do not matter, and for F.linear wherever the kernel is not used).
-``EngineConfig.packed_gemm`` turns it off. CPU and float32 only.
+``EngineConfig.native_kernels`` turns it off. CPU and float32 only.
 """
 
 from __future__ import annotations

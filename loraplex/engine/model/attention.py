@@ -9,6 +9,12 @@ block), and each row sees its blocks in the order 0, 1, 2, ...: a query's result
 on its own position's keys, never on the batch around it, on which rows share its tile, or on
 whether it came from a full forward, a prefill or a one-token decode step.
 
+Given the C kernel (`engine.kernels.attention_kernel`, chosen at load for a CPU float32
+model), `tiled_paged_attention` runs its forward instead: batch-invariant by construction
+(each query row alone, in a fixed order), one call per layer; the backward below is the same,
+fed with the kernel's log-sum-exp. A model uses one forward or the other everywhere, so
+training, prefill and decode agree bit for bit either way.
+
 `dense_attention` (fast mode on CUDA) gathers each sequence's pages into a dense padded key
 range and calls SDPA once: correct, and not batch-invariant.
 Both take keys/values already written to pages; neither knows about LoRA or weights.
@@ -21,12 +27,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from loraplex.engine.kernels.attention_kernel import AttentionKernel, AttentionRuns
 from loraplex.engine.model.packed_batch import PackedBatch
 from loraplex.engine.model.tile_plan import TilePhase, TilePlan, TileStep
 
 
 def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                          plan: TilePlan) -> torch.Tensor:
+                          plan: TilePlan, kernel: AttentionKernel | None = None,
+                          runs: AttentionRuns | None = None) -> torch.Tensor:
     """Attention output ``[rows, heads·head_dim]`` for scaled queries.
 
     Args:
@@ -34,16 +42,44 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
         k_pages, v_pages: ``[blocks, kv_heads, block_size, head_dim]`` pages with this batch's
             keys/values written.
         plan: the batch's tile plan. Rows no tile reads (row padding) get zeros.
+        kernel, runs: the C kernel and the batch's `AttentionRuns`: its forward instead of
+            the tiles' (the backward is the tiles' either way).
     """
     rows, heads, head_dim = q_R_H_D.shape
     assert rows * heads == plan.num_query_rows
-    q_A_D = torch.cat([q_R_H_D.reshape(rows * heads, head_dim), q_R_H_D.new_zeros(1, head_dim)])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q_A_D, k_pages, v_pages)):
-        out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan)
-    else:
-        carries = any(phase.first_step > 0 for phase in plan.phases)
-        out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan, keep_state=carries).output()
+    native = None if kernel is None or runs is None else _Native(kernel, runs, heads)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q_R_H_D, k_pages, v_pages)):
+        q_A_D = _with_zero_row(q_R_H_D.reshape(rows * heads, head_dim))
+        out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan, native)
+        return out_A_D[:-1].view(rows, heads * head_dim)
+    if native is not None:
+        return native.kernel.forward(q_R_H_D, k_pages, v_pages, native.runs)[0]
+    q_A_D = _with_zero_row(q_R_H_D.reshape(rows * heads, head_dim))
+    carries = any(phase.first_step > 0 for phase in plan.phases)
+    out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan, keep_state=carries).output()
     return out_A_D[:-1].view(rows, heads * head_dim)
+
+
+def _with_zero_row(x_N_D: torch.Tensor) -> torch.Tensor:
+    """``x`` and one zero row after it (the row tile padding points at)."""
+    return torch.cat([x_N_D, x_N_D.new_zeros(1, x_N_D.shape[1])])
+
+
+class _Native:
+    """The C kernel's forward in the tiles' ``[A, D]`` layout (query rows × heads, then the
+    zero row), for `_TiledAttention`."""
+
+    def __init__(self, kernel: AttentionKernel, runs: AttentionRuns, heads: int) -> None:
+        self.kernel, self.runs, self.heads = kernel, runs, heads
+
+    def forward(self, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output ``[A, D]`` and log-sum-exp ``[A]`` (zeros on the zero row)."""
+        head_dim = q_A_D.shape[1]
+        q_R_H_D = q_A_D[:-1].view(-1, self.heads, head_dim)
+        out, lse = self.kernel.forward(q_R_H_D, k_pages, v_pages, self.runs)
+        return (_with_zero_row(out.view(-1, head_dim)),
+                torch.cat([lse.view(-1), lse.new_zeros(1)]))
 
 
 def _read(pages: torch.Tensor, step: TileStep) -> torch.Tensor:
@@ -147,9 +183,12 @@ class _TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                plan: TilePlan) -> torch.Tensor:
-        state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
-        out, lse = state.output(), state.log_sum_exp()
+                plan: TilePlan, native: _Native | None) -> torch.Tensor:
+        if native is not None:
+            out, lse = native.forward(q_A_D, k_pages, v_pages)
+        else:
+            state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+            out, lse = state.output(), state.log_sum_exp()
         ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
         ctx.plan = plan
         return out
@@ -179,7 +218,7 @@ class _TiledAttention(torch.autograd.Function):
                 d_q_t[:n] += torch.matmul(d_s, k_t)
                 d_k.index_add_(0, step.pages_N, torch.matmul(d_s.transpose(-1, -2), q_t[:n]))
             d_q.index_add_(0, idx, d_q_t.view(-1, head_dim))
-        return d_q, d_k, d_v, None
+        return d_q, d_k, d_v, None, None
 
 
 def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,

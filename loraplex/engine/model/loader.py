@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from loraplex.config import EngineConfig
+from loraplex.engine.kernels.attention_kernel import attention_kernel
 from loraplex.engine.kernels.gemm_order import gemm_kernel
 from loraplex.engine.model.checkpoint import load_weights
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
@@ -44,15 +45,21 @@ def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
     """The compute options; in batch-invariant mode the row multiple is the smallest of
     ``config.row_multiple``, 2×, 4×, … whose padded GEMMs keep a row's bits on this machine at
     the model's inner dimensions (`row_quantum`); the packed GEMM kernel where it gives
-    F.linear's bits here (`gemm_order`)."""
+    F.linear's bits here (`gemm_order`), and the C attention kernel where it takes the shape."""
     if config.row_multiple < 1 or config.kv_block_size % 16:
         raise user_error("engine", "row_multiple must be ≥ 1 and kv_block_size a multiple of 16")
     multiple = config.row_multiple
     if config.batch_invariant:
         multiple = row_quantum(multiple, inner_dims(spec), device, dtype)
-    gemm = (gemm_kernel(base_inner_dims(spec), device, dtype) if config.packed_gemm else None)
+    gemm = attention = None
+    if config.native_kernels:
+        gemm = gemm_kernel(base_inner_dims(spec), device, dtype)
+        attention = attention_kernel(device, dtype)
+        if attention is not None and not attention.supports(
+                spec.num_heads, spec.num_kv_heads, spec.head_dim, config.kv_block_size):
+            attention = None
     return ComputeOptions(batch_invariant=config.batch_invariant, row_multiple=multiple,
-                          kv_block_size=config.kv_block_size, gemm=gemm)
+                          kv_block_size=config.kv_block_size, gemm=gemm, attention=attention)
 
 
 def base_inner_dims(spec: ModelSpec) -> tuple[int, ...]:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from loraplex.engine.kernels.attention_kernel import AttentionRuns
 from loraplex.engine.model.lora_batch import LoraRows
 from loraplex.engine.model.tile_plan import TilePlan, plan_tiles
 from loraplex.errors import user_error
@@ -58,7 +60,7 @@ class PackedBatch:
         write_rows_W, write_block_W, write_offset_W: rows whose keys/values are stored, and where.
         num_scratch_blocks: blocks of the training scratch pages; None with a persistent cache.
         block_size, row_multiple: the layout parameters used.
-        tiles: the attention tile plan.
+        tiles: the attention tile plan (the torch kernel's forward, and the backward).
     """
 
     tokens_R: torch.Tensor
@@ -75,6 +77,12 @@ class PackedBatch:
     block_size: int
     row_multiple: int
     tiles: TilePlan
+
+    @cached_property
+    def attention_runs(self) -> AttentionRuns:
+        """The rows as the C attention kernel reads them (built on first use)."""
+        return AttentionRuns.of(self.num_rows, self.seq_row_start, self.seq_num_new,
+                                self.seq_num_cached, self.block_tables_B_N)
 
     @property
     def num_rows(self) -> int:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.domain.model import ModelInfo
+from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
@@ -65,12 +66,15 @@ class ComputeOptions:
         gemm: the packed sgemm kernel for the base linears and the head, with the inner
             dimensions at which it gives F.linear's bits on this machine (`gemm_order`);
             None: F.linear everywhere.
+        attention: the C paged-attention kernel for every attention forward (CPU); None:
+            the tiled torch kernel's forward.
     """
 
     batch_invariant: bool = True
     row_multiple: int = 8
     kv_block_size: int = 64
     gemm: GemmKernel | None = None
+    attention: AttentionKernel | None = None
 
     @property
     def effective_row_multiple(self) -> int:
@@ -207,7 +211,11 @@ class Transformer:
         else:
             kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
             k_pages, v_pages = kv.k[i], kv.v[i]
-        if self.options.batch_invariant or q.device.type == "cpu":
+        native = self.options.attention
+        if native is not None and q.device.type == "cpu":
+            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, native,
+                                        batch.attention_runs)
+        elif self.options.batch_invariant or q.device.type == "cpu":
             out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
         else:
             out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)

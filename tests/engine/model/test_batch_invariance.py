@@ -5,9 +5,9 @@ adapters, base rows, its position in the pack, tiny adapter segments), nor on ho
 computed (training full forward, prefill + decode at decode batch 1 or 7, or a suffix forwarded
 after a prefix whose KV an earlier request wrote). Shapes are the ``small`` model's (hidden 512,
 8 heads / 4 kv heads of 64, MLP 1536) with 2 layers, and vocab 2500: more than one `HEAD_CHUNK`,
-so a small batch's chunked head GEMMs meet a large batch's single one. Every check runs with
-the base GEMMs on F.linear (MKL) and on the packed kernel (`engine.kernels`). Fast mode is
-checked to NOT be invariant, so these tests can fail.
+so a small batch's chunked head GEMMs meet a large batch's single one. Every check runs twice:
+base GEMMs on F.linear (MKL) and attention on the tiled torch kernel, and both on the C kernels
+(`engine.kernels`). Fast mode is checked to NOT be invariant, so these tests can fail.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.kernels.attention_kernel import AttentionKernel, attention_kernel
 from loraplex.engine.kernels.gemm_order import gemm_kernel
 from loraplex.engine.kernels.packed_linear import GemmKernel
 from loraplex.engine.lora.bank import AdapterBank
@@ -41,9 +42,11 @@ ADAPTERS = {"r1": LoraConfig(rank=1, seed=1), "r8": LoraConfig(rank=8, seed=2),
 
 class Harness:
     def __init__(self, invariant: bool = True, spec: ModelSpec = SPEC,
-                 gemm: GemmKernel | None = None) -> None:
+                 gemm: GemmKernel | None = None, attention: AttentionKernel | None = None
+                 ) -> None:
         self.model = Transformer(spec, random_weights(spec, seed=0, std=0.05),
-                                 ComputeOptions(batch_invariant=invariant, gemm=gemm))
+                                 ComputeOptions(batch_invariant=invariant, gemm=gemm,
+                                                attention=attention))
         self.bank = AdapterBank(spec, "cpu", max_rank=64)
         self.previous: LoraBatch | None = None
         gen = torch.Generator().manual_seed(7)
@@ -70,16 +73,18 @@ class Harness:
         return self.logprobs([SequenceInput(tokens, adapter)], [[*tokens[1:], 0]])[0]
 
 
-@pytest.fixture(scope="module", params=["mkl", "packed"])
+@pytest.fixture(scope="module", params=["torch", "native"])
 def harness(request: pytest.FixtureRequest) -> Harness:
-    """Base GEMMs through F.linear (MKL), and through the packed kernel as the loader sets it
-    up on this machine (where it matches F.linear; skipped where it cannot be built)."""
-    if request.param == "mkl":
+    """Base GEMMs on F.linear (MKL) and attention on the tiled torch kernel; and both on the C
+    kernels as the loader sets them up on this machine (skipped where they cannot be built)."""
+    if request.param == "torch":
         return Harness()
-    gemm = gemm_kernel(base_inner_dims(SPEC), torch.device("cpu"), torch.float32)
-    if gemm is None:
-        pytest.skip("the packed GEMM kernel is not available on this machine")
-    harness = Harness(gemm=gemm)
+    cpu = torch.device("cpu")
+    gemm = gemm_kernel(base_inner_dims(SPEC), cpu, torch.float32)
+    attention = attention_kernel(cpu, torch.float32)
+    if gemm is None or attention is None:
+        pytest.skip("the C kernels are not available on this machine")
+    harness = Harness(gemm=gemm, attention=attention)
     assert harness.model.packed_bytes() > 0  # the kernel really runs the base GEMMs
     return harness
 

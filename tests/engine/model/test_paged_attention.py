@@ -1,4 +1,5 @@
-"""Tiled paged attention (and its handwritten backward) against dense SDPA with autograd."""
+"""Tiled paged attention (and its handwritten backward) against dense SDPA with autograd, with
+its forward from the tiles and from the C kernel (`engine.kernels.attention_kernel`)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from loraplex.engine.kernels.attention_kernel import AttentionKernel, attention_kernel
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import scratch_pages
-from loraplex.engine.model.packed_batch import SequenceInput, pack_sequences
+from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+def native() -> AttentionKernel:
+    kernel = attention_kernel(torch.device("cpu"), torch.float32)
+    if kernel is None:
+        pytest.skip("the C attention kernel is not available on this machine")
+    return kernel
+
+
+def attend(kind: str, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+           batch: PackedBatch) -> torch.Tensor:
+    """The tiles' forward (``tiled``) or the C kernel's (``native``); the same backward."""
+    if kind == "native":
+        return tiled_paged_attention(q, k_pages, v_pages, batch.tiles, native(),
+                                     batch.attention_runs)
+    return tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
 
 
 def reference(q_R_H_D: torch.Tensor, k_R_H_D: torch.Tensor, v_R_H_D: torch.Tensor,
@@ -43,8 +61,8 @@ def test_tiled_forward_and_backward_match_dense_sdpa(lengths: list[int]) -> None
             pages = [scratch_pages(batch.num_scratch_blocks, 64, batch.write_block_W,
                                    batch.write_offset_W, x.index_select(0, batch.write_rows_W))
                      for x in (k, v)]
-            if kind == "tiled":
-                out = tiled_paged_attention(q, pages[0], pages[1], batch.tiles)
+            if kind in ("tiled", "native"):
+                out = attend(kind, q, pages[0], pages[1], batch)
             else:
                 out = dense_attention(q, pages[0], pages[1], batch, KV_HEADS)
         real = batch.row_index()
@@ -53,19 +71,20 @@ def test_tiled_forward_and_backward_match_dense_sdpa(lengths: list[int]) -> None
         return (out.detach(), *grads)
 
     expected = run("reference")
-    for kind in ("tiled", "dense"):
+    for kind in ("tiled", "native", "dense"):
         for got, want in zip(run(kind), expected, strict=True):
             assert (got - want).abs().max().item() <= 2e-5
 
 
-def test_padded_query_rows_stay_finite_in_backward() -> None:
+@pytest.mark.parametrize("kind", ["tiled", "native"])
+def test_padded_query_rows_stay_finite_in_backward(kind: str) -> None:
     """Pad rows (no real token) get a valid key and zero gradient, never NaN."""
     batch = pack_sequences([SequenceInput([0] * 3, None, 37, [0])], row_multiple=16,
                            block_size=64, num_heads=HEADS, num_kv_heads=KV_HEADS)
     k_pages = torch.randn(1, KV_HEADS, 64, HEAD_DIM, requires_grad=True)
     v_pages = torch.randn(1, KV_HEADS, 64, HEAD_DIM, requires_grad=True)
     q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, requires_grad=True)
-    out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
+    out = attend(kind, q, k_pages, v_pages, batch)
     out.sum().backward()
     assert torch.isfinite(out).all()
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k_pages, v_pages))
@@ -90,7 +109,8 @@ def test_dense_attention_reads_only_the_pages_a_sequence_uses() -> None:
     assert (dense - tiled).abs().max().item() <= 2e-5
 
 
-def test_tiles_shared_across_sequences_match_per_sequence_attention() -> None:
+@pytest.mark.parametrize("kind", ["tiled", "native"])
+def test_tiles_shared_across_sequences_match_per_sequence_attention(kind: str) -> None:
     """A prefill whose pages other sequences of the same forward also read (a suffix after
     a cached page, and one-token decodes over two of its full pages), so tokens of different
     sequences share tiles for some steps and then split: each token attends exactly its own
@@ -104,7 +124,7 @@ def test_tiles_shared_across_sequences_match_per_sequence_attention() -> None:
     k_pages = torch.randn(9, KV_HEADS, 64, HEAD_DIM, generator=gen)
     v_pages = torch.randn(9, KV_HEADS, 64, HEAD_DIM, generator=gen)
     q = torch.randn(batch.num_rows, HEADS, HEAD_DIM, generator=gen) * 0.5
-    out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
+    out = attend(kind, q, k_pages, v_pages, batch)
     assert any(p.first_step > 0 for p in batch.tiles.phases)  # the plan did regroup rows
     for s, start in zip(seqs, batch.seq_row_start, strict=True):
         assert s.block_table is not None
@@ -118,3 +138,29 @@ def test_tiles_shared_across_sequences_match_per_sequence_attention() -> None:
                                               enable_gqa=True)
         got = out[start:start + len(s.tokens)]
         assert (got - want.transpose(0, 1).reshape(len(s.tokens), -1)).abs().max() <= 2e-5
+
+
+def test_native_rows_are_the_same_bits_in_any_run() -> None:
+    """The C kernel computes each row alone: a token's output is the same bits whether it is
+    one of a 200-token training sequence (runs of 16 rows), the suffix of a prefill or a
+    one-token decode over the cache, wherever it sits in the batch."""
+    gen = torch.Generator().manual_seed(5)
+    k_pages = torch.randn(6, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    v_pages = torch.randn(6, KV_HEADS, 64, HEAD_DIM, generator=gen)
+    q_T = torch.randn(200, HEADS, HEAD_DIM, generator=gen) * 0.5
+    table = [3, 1, 4, 5]
+    full = pack_sequences([SequenceInput([0] * 200, None, 0, table)], row_multiple=8,
+                          block_size=64, num_heads=HEADS, num_kv_heads=KV_HEADS)
+    rows = torch.arange(full.num_rows).clamp(max=199)
+    want = attend("native", q_T[rows], k_pages, v_pages, full)[:200]
+    for position in (0, 63, 64, 150, 199):
+        others = [SequenceInput([0] * 9, None, 30, [0, 2])]
+        step = pack_sequences([*others, SequenceInput([0], None, position, table)],
+                              row_multiple=8, block_size=64, num_heads=HEADS,
+                              num_kv_heads=KV_HEADS)
+        q = torch.zeros(step.num_rows, HEADS, HEAD_DIM)
+        row = step.seq_row_start[1]
+        q[row] = q_T[position]
+        got = attend("native", q, k_pages, v_pages, step)
+        assert torch.equal(got[row], want[position])
+        assert step.num_rows > 10 and not got[10:].any()  # padding rows: zeros, never garbage

@@ -1,0 +1,128 @@
+"""`AttentionKernel`: the paged attention forward in C (``paged_attention.c``), and
+`AttentionRuns`, the row layout it reads.
+
+The tiled torch kernel (`model.attention`) gets batch invariance from fixed-shape MKL tiles and
+pays for it in small ops: a 32-sequence decode step spent ~35 ms of its ~150 ms in ~50 ops per
+layer on tiles of 4 rows. The C kernel computes each query row alone in a fixed order (see the
+source), so it is batch-invariant by construction, and runs a decode step's attention, a
+prefill's or a training forward's in one call per layer. Every forward of a model goes
+through one of the two (chosen at load), so a token's logprob is the same bits in training,
+prefill and decode either way; the backward stays the tiled FlashAttention-2 one, fed with
+this forward's log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from loraplex.engine.kernels import native_library
+
+log = logging.getLogger(__name__)
+
+#: Most rows of one run (rows of one sequence that share the transposed keys of a page).
+RUN_ROWS = 16
+#: The source's limits: query heads per KV head, head dim and page size.
+MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256
+
+
+@dataclass(frozen=True)
+class AttentionRuns:
+    """A packed batch's query rows as the kernel reads them.
+
+    Attributes:
+        tables_B_N: int64 block tables, one row per sequence (contiguous).
+        run_row_U, run_len_U, run_table_U: per run, its first row, its rows (≤ `RUN_ROWS`,
+            consecutive rows of one sequence) and the flat offset of its sequence's table.
+        row_keys_R: keys each row sees (its position + 1; 0 for padding rows).
+    """
+
+    tables_B_N: torch.Tensor
+    run_row_U: torch.Tensor
+    run_len_U: torch.Tensor
+    run_table_U: torch.Tensor
+    row_keys_R: torch.Tensor
+
+    @staticmethod
+    def of(num_rows: int, seq_row_start: Sequence[int], seq_num_new: Sequence[int],
+           seq_num_cached: Sequence[int], tables_B_N: torch.Tensor) -> AttentionRuns:
+        """Runs of every sequence's new rows (``RUN_ROWS`` at a time)."""
+        width = tables_B_N.shape[1]
+        run_row, run_len, run_table = [], [], []
+        row_keys = [0] * num_rows
+        for i, (start, new, cached) in enumerate(
+                zip(seq_row_start, seq_num_new, seq_num_cached, strict=True)):
+            row_keys[start:start + new] = range(cached + 1, cached + new + 1)
+            for offset in range(0, new, RUN_ROWS):
+                run_row.append(start + offset)
+                run_len.append(min(RUN_ROWS, new - offset))
+                run_table.append(i * width)
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return AttentionRuns(tables_B_N.to("cpu", torch.int64).contiguous(), tensor(run_row),
+                             tensor(run_len), tensor(run_table), tensor(row_keys))
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """The loaded ``paged_attention.c``.
+
+    Attributes:
+        library: its ctypes handle.
+        lanes: floats per vector (16 with AVX-512, 8 with AVX2).
+    """
+
+    library: ctypes.CDLL
+    lanes: int
+
+    def supports(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                 block_size: int) -> bool:
+        """Whether the kernel takes this model's attention shape (else the tiled kernel)."""
+        return (num_heads % num_kv_heads == 0 and num_heads // num_kv_heads <= MAX_GROUP
+                and head_dim % self.lanes == 0 and head_dim <= MAX_DIM
+                and block_size % self.lanes == 0 and block_size <= MAX_BLOCK)
+
+    def forward(self, q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                runs: AttentionRuns) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output ``[R, H·D]`` and log-sum-exp ``[R, H]`` of scaled queries ``q`` over pages
+        ``[blocks, kv_heads, block_size, head_dim]`` (fp32, CPU; no autograd)."""
+        q = q_R_H_D.detach().contiguous()
+        k = k_pages.detach().contiguous()
+        v = v_pages.detach().contiguous()
+        rows, heads, head_dim = q.shape
+        out = torch.zeros(rows, heads, head_dim)  # padding rows belong to no run: zeros
+        lse = torch.zeros(rows, heads)
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        status = self.library.la_forward(
+            ptr(q.data_ptr()), ptr(k.data_ptr()), ptr(v.data_ptr()),
+            ptr(runs.tables_B_N.data_ptr()), ptr(runs.run_row_U.data_ptr()),
+            ptr(runs.run_len_U.data_ptr()), ptr(runs.run_table_U.data_ptr()),
+            ptr(runs.row_keys_R.data_ptr()), i64(runs.run_row_U.numel()), i64(heads),
+            i64(k.shape[1]), i64(head_dim), i64(k.shape[2]), i64(torch.get_num_threads()),
+            ptr(out.data_ptr()), ptr(lse.data_ptr()))
+        if status != 0:
+            raise ValueError(f"attention kernel refused shape q {tuple(q.shape)}, pages "
+                             f"{tuple(k.shape)}")
+        return out.view(rows, heads * head_dim), lse
+
+
+def attention_kernel(device: torch.device, dtype: torch.dtype) -> AttentionKernel | None:
+    """The kernel for a CPU float32 model, or None (the reason logged when it cannot be built)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    native = native_library.packaged("paged_attention")
+    if native.handle is None:
+        log.warning("attention kernel unavailable (%s); attention uses the tiled torch kernel",
+                    native.reason)
+        return None
+    lanes = int(native.handle.la_lanes())
+    if lanes == 0:
+        log.warning("attention kernel needs AVX2+FMA or AVX-512; using the tiled torch kernel")
+        return None
+    return AttentionKernel(native.handle, lanes)
