@@ -67,8 +67,9 @@ def packaged(name: str) -> NativeLibrary:
     return load(Path(__file__).with_name(f"{name}.c"))
 
 
-def load(source: Path) -> NativeLibrary:
-    """``source`` compiled for this machine (built on first use) and loaded."""
+def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
+    """``source`` compiled for this machine (built on first use) and loaded; ``extra_flags``
+    after the usual ones (tests build the AVX2 variant with ``-mno-avx512f``)."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return NativeLibrary(None, "no C compiler found ($CC, cc or gcc)")
@@ -78,11 +79,12 @@ def load(source: Path) -> NativeLibrary:
     except (OSError, subprocess.SubprocessError) as exc:
         return NativeLibrary(None, f"{compiler} --version failed: {exc}")
     text = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(FLAGS).encode(),
+    flags = (*FLAGS, *extra_flags)
+    key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
     if not target.is_file():
-        error = _build(compiler, source, target)
+        error = _build(compiler, flags, source, target)
         if error:
             return NativeLibrary(None, error)
     try:
@@ -91,7 +93,7 @@ def load(source: Path) -> NativeLibrary:
         return NativeLibrary(None, f"loading {target} failed: {exc}")
 
 
-def _build(compiler: str, source: Path, target: Path) -> str:
+def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) -> str:
     """Compile ``source`` into ``target`` atomically; an error message, or "" on success."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +102,7 @@ def _build(compiler: str, source: Path, target: Path) -> str:
     except OSError as exc:
         return f"kernel cache {target.parent} is not writable: {exc}"
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(source)], capture_output=True,
+        done = subprocess.run([compiler, *flags, "-o", tmp, str(source)], capture_output=True,
                               text=True, timeout=300)
         if done.returncode != 0:
             return f"compiling {source.name} failed: {done.stderr.strip()[-2000:]}"
