@@ -48,7 +48,9 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     assert result["applied"] is True and result["again"] is True
     pages = 4 * 2 * 64 * 2**20 // 4096  # two 64 MiB tensors per iteration
     assert result["default"] > pages // 2  # glibc mmaps and unmaps each one
-    assert result["retained"] <= pages // 8  # at most one tensor of the eight (was: all)
+    # At most one tensor of the eight (was: all), plus a few pages of incidental small
+    # allocations: a loaded CI machine once measured 16,385 against the 16,384 of one tensor.
+    assert result["retained"] <= pages // 8 + 64
     assert result["released"] is True
     assert result["kept"] > 256 * 2**20  # the peak stays resident until released
     assert result["after_release"] < 64 * 2**20  # ... and goes back to the OS then
