@@ -71,6 +71,8 @@ static inline void v_store_n(float *p, vec_t v, int n) {
  * while every panel pair's slice of the weight for that block (192 × 2·LANES floats) streams
  * past it. */
 #define ROW_CHUNK 256
+/* Largest panel pair (K × 2 panels) streamed whole per row chunk (half an L2). */
+#define PAIR_PANEL_BYTES (512 * 1024)
 
 int lp_lanes(void) { return LANES; }
 
@@ -80,7 +82,8 @@ int lp_lanes(void) { return LANES; }
  * outputs) and w1 (n1 outputs; n1 = 0: no second panel, w1 aliases w0 and its sums are
  * dropped). x and the panels point at k0; y at output column 0 of the first panel in row m0.
  * The block's sums start from zero and are stored (first block) or added to y. */
-static void micro_kernel(const float *x, int64_t K, int64_t kn, const float *w0,
+static inline __attribute__((always_inline)) void micro_kernel(
+                         const float *x, int64_t K, int64_t kn, const float *w0,
                          const float *w1, int64_t row_stride, int first, int n0, int n1,
                          int mr, float *y, int64_t O) {
     const float *xr[MR];
@@ -110,9 +113,90 @@ static void micro_kernel(const float *x, int64_t K, int64_t kn, const float *w0,
     }
 }
 
-/* Loop nest: row chunks, then K blocks in order (an element's block sums are added in order:
- * the same arithmetic as summing all blocks of a row block at once), then panel pairs across
- * threads (static: a pair stays on one thread for every block), then row blocks. */
+/* micro_kernel over every K block in order, the running totals kept in registers and y
+ * written once (the forward's weights, whose panel pair stays in L2). */
+static inline __attribute__((always_inline)) void micro_kernel_all(
+        const float *x, int64_t K, int64_t block, const float *w0, const float *w1,
+        int64_t row_stride, int n0, int n1, int mr, float *y, int64_t O) {
+    const float *xr[MR];
+    for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
+    vec_t tot0[MR], tot1[MR];
+    for (int64_t k0 = 0; k0 < K; k0 += block) {
+        int64_t k1 = k0 + block < K ? k0 + block : K;
+        vec_t acc0[MR], acc1[MR];
+        for (int m = 0; m < MR; m++) {
+            acc0[m] = v_zero();
+            acc1[m] = v_zero();
+        }
+        for (int64_t k = k0; k < k1; k++) {
+            vec_t a = v_load(w0 + k * row_stride);
+            vec_t b = v_load(w1 + k * row_stride);
+            for (int m = 0; m < MR; m++) {
+                vec_t xv = v_bcast(xr[m] + k);
+                acc0[m] = v_fma(xv, a, acc0[m]);
+                acc1[m] = v_fma(xv, b, acc1[m]);
+            }
+        }
+        for (int m = 0; m < MR; m++) {
+            tot0[m] = k0 == 0 ? acc0[m] : v_add(tot0[m], acc0[m]);
+            tot1[m] = k0 == 0 ? acc1[m] : v_add(tot1[m], acc1[m]);
+        }
+    }
+    for (int m = 0; m < mr; m++) {
+        v_store_n(y + (int64_t)m * O, tot0[m], n0);
+        if (n1 > 0) v_store_n(y + (int64_t)m * O + LANES, tot1[m], n1);
+    }
+}
+
+/* One panel pair (p, p+1) against rows m0 .. c1-1, K blocks k0 .. k0+kn-1. */
+static void pair_rows(const float *x, const float *wp, float *y, int64_t O, int64_t K,
+                      int64_t panels, int64_t q, int64_t c0, int64_t c1, int64_t k0,
+                      int64_t kn, int64_t panel_stride, int64_t row_stride) {
+    int64_t p = 2 * q;
+    int64_t o0 = p * LANES;
+    int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
+    int n1 = p + 1 < panels ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES) : 0;
+    const float *w0 = wp + p * panel_stride + k0 * row_stride;
+    const float *w1 = n1 > 0 ? w0 + panel_stride : w0;
+    for (int64_t m0 = c0; m0 < c1; m0 += MR) {
+        int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
+        if (row_stride == LANES)  /* a packed weight: the stride a constant, inlined */
+            micro_kernel(x + m0 * K + k0, K, kn, w0, w1, LANES, k0 == 0, n0, n1, mr,
+                         y + m0 * O + o0, O);
+        else
+            micro_kernel(x + m0 * K + k0, K, kn, w0, w1, row_stride, k0 == 0, n0, n1, mr,
+                         y + m0 * O + o0, O);
+    }
+}
+
+/* One panel pair against rows c0 .. c1-1, all K blocks per row block (micro_kernel_all). */
+static void pair_rows_all(const float *x, const float *wp, float *y, int64_t O, int64_t K,
+                          int64_t block, int64_t panels, int64_t q, int64_t c0, int64_t c1,
+                          int64_t panel_stride, int64_t row_stride) {
+    int64_t p = 2 * q;
+    int64_t o0 = p * LANES;
+    int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
+    int n1 = p + 1 < panels ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES) : 0;
+    const float *w0 = wp + p * panel_stride;
+    const float *w1 = n1 > 0 ? w0 + panel_stride : w0;
+    for (int64_t m0 = c0; m0 < c1; m0 += MR) {
+        int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
+        if (row_stride == LANES)
+            micro_kernel_all(x + m0 * K, K, block, w0, w1, LANES, n0, n1, mr, y + m0 * O + o0,
+                             O);
+        else
+            micro_kernel_all(x + m0 * K, K, block, w0, w1, row_stride, n0, n1, mr,
+                             y + m0 * O + o0, O);
+    }
+}
+
+/* Loop nest. When a panel pair's whole K fits in half an L2 (every weight of the forward):
+ * panel pairs across threads, each streamed from memory once while every row block passes
+ * it with its totals in registers (x, at most a few MB, stays in L3). Else (the backward's
+ * dy · w through a 49152-wide head): row chunks, then K blocks in order, then the pairs, so
+ * a block's slice of the weight stays in L1 across the chunk's rows (a pair stays on one
+ * thread for every block: a static schedule). An element's block sums are added in order
+ * either way: the same arithmetic, the same bits. */
 void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, int64_t K,
                int64_t block, int64_t panel_stride, int64_t row_stride, int64_t num_threads) {
     if (M <= 0 || O <= 0) return;
@@ -122,26 +206,20 @@ void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, 
     }
     int64_t panels = (O + LANES - 1) / LANES;
     int64_t pairs = (panels + 1) / 2;
+    if (K * 2 * LANES * (int64_t)sizeof(float) <= PAIR_PANEL_BYTES) {
+        #pragma omp parallel for schedule(static) num_threads((int)num_threads)
+        for (int64_t q = 0; q < pairs; q++)
+            pair_rows_all(x, wp, y, O, K, block, panels, q, 0, M, panel_stride, row_stride);
+        return;
+    }
     #pragma omp parallel num_threads((int)num_threads)
     for (int64_t c0 = 0; c0 < M; c0 += ROW_CHUNK) {
         int64_t c1 = c0 + ROW_CHUNK < M ? c0 + ROW_CHUNK : M;
         for (int64_t k0 = 0; k0 < K; k0 += block) {
-            int64_t kn = k0 + block < K ? block : K - k0;
             #pragma omp for schedule(static)
-            for (int64_t q = 0; q < pairs; q++) {
-                int64_t p = 2 * q;
-                int64_t o0 = p * LANES;
-                int n0 = O - o0 < LANES ? (int)(O - o0) : LANES;
-                int n1 = p + 1 < panels
-                             ? (O - o0 - LANES < LANES ? (int)(O - o0 - LANES) : LANES) : 0;
-                const float *w0 = wp + p * panel_stride + k0 * row_stride;
-                const float *w1 = n1 > 0 ? w0 + panel_stride : w0;
-                for (int64_t m0 = c0; m0 < c1; m0 += MR) {
-                    int mr = c1 - m0 < MR ? (int)(c1 - m0) : MR;
-                    micro_kernel(x + m0 * K + k0, K, kn, w0, w1, row_stride, k0 == 0, n0, n1,
-                                 mr, y + m0 * O + o0, O);
-                }
-            }
+            for (int64_t q = 0; q < pairs; q++)
+                pair_rows(x, wp, y, O, K, panels, q, c0, c1, k0, k0 + block < K ? block : K - k0,
+                          panel_stride, row_stride);
         }
     }
 }
