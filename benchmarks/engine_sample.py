@@ -255,9 +255,11 @@ def profile_decode_steps(engines: Engines, fanout: Workload, steps: int = 16
     with profile(activities=[ProfilerActivity.CPU]) as prof, Stopwatch() as watch:
         sampler.step([], steps)
     ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    in_ops_ms = sum(e.self_cpu_time_total for e in ops) / 1e3 / steps
     return {"decode_steps": steps, "sequences": sampler.stats.decode_tokens // max(
                 sampler.stats.decode_steps, 1),
             "cpu_ms_per_step": 1e3 * watch.timing.cpu / steps,
+            "torch_ops_ms_per_step": in_ops_ms,
             "top_ops_ms_per_step": {e.key: round(e.self_cpu_time_total / 1e3 / steps, 2)
                                     for e in ops[:12]}}
 
@@ -414,11 +416,16 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
         f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "
-        f"step): {top}. `aten::mm` is the base linears and the LM head; `bmm`, `exp`, "
-        "`index_select` and `masked_fill` are mostly the tiled attention: a decode token's "
-        f"tile holds its {card['num_heads'] // card['num_kv_heads']} query heads per KV head "
-        "padded to the 4-row quantum, and the G "
-        "samples of a request read their shared prompt pages in one tile per page.",
+        f"step): {top}." + (
+            f" torch's ops account for {prof['torch_ops_ms_per_step']:.0f} ms of the step; the "
+            "rest is the C kernels (the packed sgemm of the base linears and the LM head, the "
+            "attention forward), which run outside torch's dispatcher, and Python. `aten::mm` "
+            "is the LoRA GEMMs." if "torch_ops_ms_per_step" in prof else
+            " `aten::mm` is the base linears and the LM head; `bmm`, `exp`, `index_select` and "
+            "`masked_fill` are mostly the tiled attention: a decode token's tile holds its "
+            f"{card['num_heads'] // card['num_kv_heads']} query heads per KV head padded to "
+            "the 4-row quantum, and the G samples of a request read their shared prompt pages "
+            "in one tile per page."),
         "",
     ])
 
