@@ -126,8 +126,10 @@ def _decode(model: Any, bank: Any, model_dir: Path, steps: int) -> dict[str, flo
 SOURCES = (
     ("decode step (sampler.step)", ("step",)),
     ("model forward (all layers)", ("forward",)),
-    ("all F.linear calls (base + LoRA GEMMs)", ("<built-in method torch._C._nn.linear>",)),
-    ("attention: tiled kernel", ("tiled_paged_attention",)),
+    ("F.linear calls (LoRA GEMMs; base GEMMs too without the packed kernel)",
+     ("<built-in method torch._C._nn.linear>",)),
+    ("packed sgemm calls (base linears + head)", ("forward_no_grad",)),
+    ("attention (the C kernel's forward, or the tiled torch one)", ("tiled_paged_attention",)),
     ("attention: KV page writes", ("write",)),
     ("attention: RoPE", ("apply_rope",)),
     ("LoRA deltas (their GEMMs included)", ("add_deltas", "add_delta")),
