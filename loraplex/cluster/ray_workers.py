@@ -21,6 +21,7 @@ import ray
 from loraplex.cluster.remote_executor import RemoteExecutor
 from loraplex.cluster.worker import EngineWorker
 from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
+from loraplex.engine.host_allocator import SINGLE_ARENA_ENV
 from loraplex.errors import user_error
 from loraplex.scheduler.lanes import WorkerGroup
 
@@ -92,6 +93,8 @@ class RayWorkers:
             num_cpus=self.bundle.num_cpus, num_gpus=self.bundle.num_gpus,
             resources=dict(self.bundle.custom), max_concurrency=self._concurrency,
             max_restarts=0, scheduling_strategy="SPREAD")
+        if self.engine.retain_host_memory:  # Ray's threads run before the engine's constructor
+            options["runtime_env"] = {"env_vars": dict(SINGLE_ARENA_ENV)}
         remote: Any = ray.remote(EngineWorker)  # Ray's actor class (untyped)
         actor = remote.options(**options).remote(model_dir, self.engine,
                                                  int(self.bundle.num_cpus) or 1)

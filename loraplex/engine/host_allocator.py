@@ -14,6 +14,11 @@ faults and 15.5 s, against 98k and 13.9 s on the main thread). `release_freed_me
 the kept memory back (the clock loop calls it through ``BatchExecutor.release_memory`` after
 each second without work, so a burst's peak does not stay resident). A no-op where libc is
 not glibc.
+
+The one-arena part holds only for threads that first allocate after it: call it before any
+thread but the main one allocates (`cli.serve_cmd.prepare` does, before the stores start their
+journal thread); a process whose runtime starts threads first (a Ray worker) gets it from
+`SINGLE_ARENA_ENV` at exec instead.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 _INT_MAX = 2**31 - 1
+
+#: The environment that gives a process one malloc arena from its start (glibc reads it before
+#: any thread exists): for processes that start threads before our code runs.
+SINGLE_ARENA_ENV = {"MALLOC_ARENA_MAX": "1"}
 
 
 @functools.cache

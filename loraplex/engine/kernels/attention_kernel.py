@@ -7,8 +7,9 @@ layer on tiles of 4 rows. The C kernel computes each query row alone in a fixed 
 source), so it is batch-invariant by construction, and runs a decode step's attention, a
 prefill's or a training forward's in one call per layer. Every forward of a model goes
 through one of the two (chosen at load), so a token's logprob is the same bits in training,
-prefill and decode either way; the backward stays the tiled FlashAttention-2 one, fed with
-this forward's log-sum-exp.
+prefill and decode either way. Its backward (``paged_attention_backward.h``, FlashAttention-2's,
+fed with this forward's log-sum-exp) runs per (sequence, kv head), in a fixed order; a batch
+whose sequences share pages (never one the trainer builds) takes the tiled torch backward.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class AttentionRuns:
         run_row_U, run_len_U, run_table_U: per run, its first row, its rows (≤ `RUN_ROWS`,
             consecutive rows of one sequence) and the flat offset of its sequence's table.
         row_keys_R: keys each row sees (its position + 1; 0 for padding rows).
+        seq_row_S, seq_len_S, seq_table_S: per sequence with new rows (most work first: the
+            backward's items), its first row, its rows and the flat offset of its table.
+        seq_keys_S: keys its last row sees.
     """
 
     tables_B_N: torch.Tensor
@@ -46,6 +50,10 @@ class AttentionRuns:
     run_len_U: torch.Tensor
     run_table_U: torch.Tensor
     row_keys_R: torch.Tensor
+    seq_row_S: torch.Tensor
+    seq_len_S: torch.Tensor
+    seq_table_S: torch.Tensor
+    seq_keys_S: torch.Tensor
 
     @staticmethod
     def of(num_rows: int, seq_row_start: Sequence[int], seq_num_new: Sequence[int],
@@ -62,11 +70,26 @@ class AttentionRuns:
                 run_len.append(min(RUN_ROWS, new - offset))
                 run_table.append(i * width)
 
-        def tensor(values: list[int]) -> torch.Tensor:
+        triples = zip(seq_row_start, seq_num_new, seq_num_cached, strict=True)
+        seqs = sorted(((start, new, i * width, cached + new)
+                       for i, (start, new, cached) in enumerate(triples) if new),
+                      key=lambda seq: -seq[1] * seq[3])  # work ~ rows × keys
+
+        def tensor(values: Sequence[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
 
+        columns = [tensor([seq[c] for seq in seqs]) for c in range(4)]
         return AttentionRuns(tables_B_N.to("cpu", torch.int64).contiguous(), tensor(run_row),
-                             tensor(run_len), tensor(run_table), tensor(row_keys))
+                             tensor(run_len), tensor(run_table), tensor(row_keys), *columns)
+
+    def pages_disjoint(self, block_size: int) -> bool:
+        """Whether no page holds keys of two sequences (the backward's items then write
+        disjoint pages)."""
+        flat = self.tables_B_N.view(-1)
+        used = [flat[t:t + -(-k // block_size)] for t, k in
+                zip(self.seq_table_S.tolist(), self.seq_keys_S.tolist(), strict=True)]
+        pages = torch.cat(used) if used else flat[:0]
+        return bool(pages.unique().numel() == pages.numel())
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,34 @@ class AttentionKernel:
             raise ValueError(f"attention kernel refused shape q {tuple(q.shape)}, pages "
                              f"{tuple(k.shape)}")
         return out.view(rows, heads * head_dim), lse
+
+
+    def backward(self, q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                 d_out_R_H_D: torch.Tensor, lse_R_H: torch.Tensor, delta_R_H: torch.Tensor,
+                 runs: AttentionRuns) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of ``q`` ``[R, H, D]`` and of the pages (contiguous, their shape) from
+        the output's gradient, the forward's log-sum-exp and ``delta`` = rowsum(dO ∘ O), both
+        ``[R, H]``. Rows of no sequence (padding) and pages no row reads get zeros; the
+        sequences' pages must be disjoint (`AttentionRuns.pages_disjoint`)."""
+        q, d_out = q_R_H_D.detach().contiguous(), d_out_R_H_D.detach().contiguous()
+        k, v = k_pages.detach().contiguous(), v_pages.detach().contiguous()
+        lse, delta = lse_R_H.detach().contiguous(), delta_R_H.detach().contiguous()
+        _, heads, head_dim = q.shape
+        d_q, d_k, d_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        max_keys = int(runs.seq_keys_S.max()) if runs.seq_keys_S.numel() else 0
+        status = self.library.la_backward(
+            ptr(q.data_ptr()), ptr(k.data_ptr()), ptr(v.data_ptr()), ptr(d_out.data_ptr()),
+            ptr(lse.data_ptr()), ptr(delta.data_ptr()), ptr(runs.tables_B_N.data_ptr()),
+            ptr(runs.seq_row_S.data_ptr()), ptr(runs.seq_len_S.data_ptr()),
+            ptr(runs.seq_table_S.data_ptr()), ptr(runs.row_keys_R.data_ptr()),
+            i64(runs.seq_row_S.numel()), i64(max_keys), i64(heads), i64(k.shape[1]),
+            i64(head_dim), i64(k.shape[2]), i64(torch.get_num_threads()), ptr(d_q.data_ptr()),
+            ptr(d_k.data_ptr()), ptr(d_v.data_ptr()))
+        if status != 0:
+            raise ValueError(f"attention kernel refused shape q {tuple(q.shape)}, pages "
+                             f"{tuple(k.shape)}")
+        return d_q, d_k, d_v
 
 
 def attention_kernel(device: torch.device, dtype: torch.dtype) -> AttentionKernel | None:

@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -78,7 +79,7 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
                                  timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return NativeLibrary(None, f"{compiler} --version failed: {exc}")
-    text = source.read_bytes()
+    text = _with_local_headers(source)
     flags = (*FLAGS, *extra_flags)
     key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]
@@ -91,6 +92,14 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
         return NativeLibrary(ctypes.CDLL(str(target)), "", target)
     except OSError as exc:
         return NativeLibrary(None, f"loading {target} failed: {exc}")
+
+
+def _with_local_headers(source: Path) -> bytes:
+    """The source's text and that of each header it includes from its own folder
+    (``#include "name.h"``): what the cache key must cover."""
+    text = source.read_bytes()
+    names = re.findall(rb'^#include "([^"]+)"', text, flags=re.MULTILINE)
+    return b"\0".join([text, *((source.parent / n.decode()).read_bytes() for n in names)])
 
 
 def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) -> str:

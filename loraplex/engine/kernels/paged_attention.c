@@ -66,6 +66,14 @@ static inline vec_t v_mask_from(vec_t s, int base, int n) {
     __mmask16 m = _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(n));
     return _mm512_mask_blend_ps(m, s, _mm512_set1_ps(-INFINITY));
 }
+/* lanes j (j = base + lane) at or past n get 0 */
+static inline vec_t v_zero_from(vec_t s, int base, int n) {
+    __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                     13, 14, 15));
+    __mmask16 m = _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(n));
+    return _mm512_mask_blend_ps(m, s, _mm512_setzero_ps());
+}
 static inline float v_hmax(vec_t v) { return _mm512_reduce_max_ps(v); }
 static inline float v_hsum(vec_t v) { return _mm512_reduce_add_ps(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -97,6 +105,12 @@ static inline vec_t v_mask_from(vec_t s, int base, int n) {
                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256i past = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(n - 1));
     return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(past));
+}
+static inline vec_t v_zero_from(vec_t s, int base, int n) {
+    __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base),
+                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i past = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(n - 1));
+    return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_castsi256_ps(past));
 }
 static inline float v_hmax(vec_t v) {
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -284,13 +298,16 @@ static void run_item(const float *q, const float *kp, const float *vp, const int
 }
 
 /* Returns 0, or -1 when a dimension is out of range (nothing is written then). */
+static int bad_shape(int64_t H, int64_t Hkv, int64_t D, int64_t BS) {
+    return Hkv <= 0 || H % Hkv || H / Hkv > MAX_GROUP || D % LANES || D > MAX_DIM
+        || BS % LANES || BS > MAX_BLOCK;
+}
+
 int la_forward(const float *q, const float *kp, const float *vp, const int64_t *tables,
                const int64_t *run_row, const int64_t *run_len, const int64_t *run_table,
                const int64_t *row_keys, int64_t U, int64_t H, int64_t Hkv, int64_t D,
                int64_t BS, int64_t num_threads, float *out, float *lse) {
-    if (Hkv <= 0 || H % Hkv || H / Hkv > MAX_GROUP || D % LANES || D > MAX_DIM || BS % LANES
-        || BS > MAX_BLOCK)
-        return -1;
+    if (bad_shape(H, Hkv, D, BS)) return -1;
     for (int64_t u = 0; u < U; u++)
         if (run_len[u] < 1 || run_len[u] > RUN_ROWS) return -1;
     int64_t items = U * Hkv;
@@ -310,5 +327,7 @@ int la_forward(const float *q, const float *kp, const float *vp, const int64_t *
     }
     return 0;
 }
+
+#include "paged_attention_backward.h"
 
 #endif

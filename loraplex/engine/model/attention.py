@@ -11,8 +11,9 @@ whether it came from a full forward, a prefill or a one-token decode step.
 
 Given the C kernel (`engine.kernels.attention_kernel`, chosen at load for a CPU float32
 model), `tiled_paged_attention` runs its forward instead: batch-invariant by construction
-(each query row alone, in a fixed order), one call per layer; the backward below is the same,
-fed with the kernel's log-sum-exp. A model uses one forward or the other everywhere, so
+(each query row alone, in a fixed order), one call per layer; and its backward, unless the
+batch's sequences share pages (then the tiles' backward below, fed with the kernel's
+log-sum-exp). A model uses one forward or the other everywhere, so
 training, prefill and decode agree bit for bit either way.
 
 `dense_attention` (fast mode on CUDA) gathers each sequence's pages into a dense padded key
@@ -80,6 +81,19 @@ class _Native:
         out, lse = self.kernel.forward(q_R_H_D, k_pages, v_pages, self.runs)
         return (_with_zero_row(out.view(-1, head_dim)),
                 torch.cat([lse.view(-1), lse.new_zeros(1)]))
+
+    def backward(self, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                 d_out_A_D: torch.Tensor, lse_A: torch.Tensor, delta_A: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of ``q`` (``[A, D]``, zero on the zero row) and of the pages."""
+        head_dim = q_A_D.shape[1]
+
+        def rows(x_A: torch.Tensor) -> torch.Tensor:
+            return x_A[:-1].view(-1, self.heads, *x_A.shape[1:])
+
+        d_q, d_k, d_v = self.kernel.backward(rows(q_A_D), k_pages, v_pages, rows(d_out_A_D),
+                                             rows(lse_A), rows(delta_A), self.runs)
+        return _with_zero_row(d_q.view(-1, head_dim)), d_k, d_v
 
 
 def _read(pages: torch.Tensor, step: TileStep) -> torch.Tensor:
@@ -190,16 +204,19 @@ class _TiledAttention(torch.autograd.Function):
             state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
             out, lse = state.output(), state.log_sum_exp()
         ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
-        ctx.plan = plan
+        ctx.plan, ctx.native = plan, native
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q_A_D, k_pages, v_pages, out, lse = ctx.saved_tensors
-        plan: TilePlan = ctx.plan
-        head_dim = q_A_D.shape[1]
         d_out = d_out.contiguous()
         delta_A = (d_out * out).sum(-1)  # rowsum(dO ∘ O) = Σ_j P_ij dP_ij
+        native: _Native | None = ctx.native
+        if native is not None and native.runs.pages_disjoint(k_pages.shape[2]):
+            return (*native.backward(q_A_D, k_pages, v_pages, d_out, lse, delta_A), None, None)
+        plan: TilePlan = ctx.plan
+        head_dim = q_A_D.shape[1]
         d_q = torch.zeros_like(q_A_D)
         d_k, d_v = torch.zeros_like(k_pages), torch.zeros_like(v_pages)
         for phase in plan.phases:
