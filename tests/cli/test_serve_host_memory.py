@@ -7,6 +7,7 @@ getrusage's minor faults, in fresh processes: the policy is process-wide)."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -52,8 +53,9 @@ os._exit(0)  # the stores' threads are daemons; nothing to flush
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc malloc only")
 def test_prepare_sets_the_memory_policy_before_any_thread_allocates(tmp_path: Path) -> None:
     def run(mode: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
         out = subprocess.run([sys.executable, "-c", CHILD, mode, str(tmp_path / mode)],
-                             check=True, capture_output=True, text=True).stdout
+                             check=True, capture_output=True, text=True, env=env).stdout
         return json.loads(out.strip().splitlines()[-1])
 
     pages = 4 * 2 * 64 * 2**20 // 4096

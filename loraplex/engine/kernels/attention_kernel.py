@@ -157,10 +157,20 @@ class AttentionKernel:
             i64(runs.seq_row_S.numel()), i64(max_keys), i64(heads), i64(k.shape[1]),
             i64(head_dim), i64(k.shape[2]), i64(torch.get_num_threads()), ptr(d_q.data_ptr()),
             ptr(d_k.data_ptr()), ptr(d_v.data_ptr()))
+        if status == -2:
+            raise MemoryError("attention backward: no memory for its work buffers")
         if status != 0:
-            raise ValueError(f"attention kernel refused shape q {tuple(q.shape)}, pages "
-                             f"{tuple(k.shape)}")
+            raise ValueError(f"attention backward refused shape q {tuple(q.shape)}, pages "
+                             f"{tuple(k.shape)}, or rows that are not consecutive positions")
         return d_q, d_k, d_v
+
+    @staticmethod
+    def backward_fits(runs: AttentionRuns, kv_heads: int, block_size: int) -> bool:
+        """Whether the backward takes this batch: its sequences' pages are disjoint, and its
+        (sequence, kv head) items, which it never splits, are at least one per thread (fewer,
+        and the tiled torch backward spreads the work better)."""
+        items = runs.seq_row_S.numel() * kv_heads
+        return items >= torch.get_num_threads() and runs.pages_disjoint(block_size)
 
 
 def attention_kernel(device: torch.device, dtype: torch.dtype) -> AttentionKernel | None:

@@ -79,7 +79,10 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
                                  timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return NativeLibrary(None, f"{compiler} --version failed: {exc}")
-    text = _with_local_headers(source)
+    try:
+        text = _with_local_headers(source)
+    except OSError as exc:  # a source or header missing from the install
+        return NativeLibrary(None, f"reading {source.name}: {exc}")
     flags = (*FLAGS, *extra_flags)
     key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]

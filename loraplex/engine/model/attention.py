@@ -12,9 +12,9 @@ whether it came from a full forward, a prefill or a one-token decode step.
 Given the C kernel (`engine.kernels.attention_kernel`, chosen at load for a CPU float32
 model), `tiled_paged_attention` runs its forward instead: batch-invariant by construction
 (each query row alone, in a fixed order), one call per layer; and its backward, unless the
-batch's sequences share pages (then the tiles' backward below, fed with the kernel's
-log-sum-exp). A model uses one forward or the other everywhere, so
-training, prefill and decode agree bit for bit either way.
+batch's sequences share pages or are too few to give every thread an item (then the tiles'
+backward below, fed with the kernel's log-sum-exp). A model uses one forward or the other
+everywhere, so training, prefill and decode agree bit for bit either way.
 
 `dense_attention` (fast mode on CUDA) gathers each sequence's pages into a dense padded key
 range and calls SDPA once: correct, and not batch-invariant.
@@ -44,7 +44,7 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
             keys/values written.
         plan: the batch's tile plan. Rows no tile reads (row padding) get zeros.
         kernel, runs: the C kernel and the batch's `AttentionRuns`: its forward instead of
-            the tiles' (the backward is the tiles' either way).
+            the tiles', and its backward where `AttentionKernel.backward_fits`.
     """
     rows, heads, head_dim = q_R_H_D.shape
     assert rows * heads == plan.num_query_rows
@@ -213,7 +213,8 @@ class _TiledAttention(torch.autograd.Function):
         d_out = d_out.contiguous()
         delta_A = (d_out * out).sum(-1)  # rowsum(dO ∘ O) = Σ_j P_ij dP_ij
         native: _Native | None = ctx.native
-        if native is not None and native.runs.pages_disjoint(k_pages.shape[2]):
+        if native is not None and native.kernel.backward_fits(native.runs, k_pages.shape[1],
+                                                              k_pages.shape[2]):
             return (*native.backward(q_A_D, k_pages, v_pages, d_out, lse, delta_A), None, None)
         plan: TilePlan = ctx.plan
         head_dim = q_A_D.shape[1]

@@ -6,6 +6,7 @@ backward)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,28 @@ def test_a_sequence_gets_the_same_bits_in_any_batch_and_thread_count(
     assert torch.equal(alone_k[pages], d_k[pages]) and torch.equal(alone_v[pages], d_v[pages])
 
 
-def test_shared_pages_are_detected() -> None:
+def test_shared_pages_and_too_few_items_take_the_torch_backward() -> None:
     tables = torch.tensor([[3, 1], [3, 2]])  # a shared prompt page
     runs = AttentionRuns.of(20, [0, 10], [10, 10], [64, 64], tables)
     assert not runs.pages_disjoint(BLOCK)
-    assert AttentionRuns.of(20, [0, 10], [10, 10], [0, 0], tables[:, 1:]).pages_disjoint(BLOCK)
+    separate = AttentionRuns.of(20, [0, 10], [10, 10], [0, 0], tables[:, 1:])
+    assert separate.pages_disjoint(BLOCK)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)  # 2 sequences × 2 kv heads: one item per thread
+        assert AttentionKernel.backward_fits(separate, 2, BLOCK)
+        assert not AttentionKernel.backward_fits(runs, 2, BLOCK)
+        torch.set_num_threads(5)  # a thread without an item: the tiles spread it better
+        assert not AttentionKernel.backward_fits(separate, 2, BLOCK)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rows_that_are_not_consecutive_positions_are_refused(kernel: AttentionKernel) -> None:
+    q, k_pages, v_pages, d_out, runs, _, _ = _batch([40], [0], pad=0, seed=2)
+    lse, delta = torch.zeros(40, HEADS), torch.zeros(40, HEADS)
+    keys = runs.row_keys_R.clone()
+    keys[[10, 11]] = keys[[11, 10]]
+    shuffled = replace(runs, row_keys_R=keys)
+    with pytest.raises(ValueError, match="consecutive positions"):
+        kernel.backward(q, k_pages, v_pages, d_out, lse, delta, shuffled)
