@@ -15,15 +15,12 @@ whose sequences share pages (never one the trainer builds) takes the tiled torch
 from __future__ import annotations
 
 import ctypes
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from loraplex.engine.kernels import native_library
-
-log = logging.getLogger(__name__)
 
 #: Most rows of one run (rows of one sequence that share the transposed keys of a page).
 RUN_ROWS = 16
@@ -177,13 +174,6 @@ def attention_kernel(device: torch.device, dtype: torch.dtype) -> AttentionKerne
     """The kernel for a CPU float32 model, or None (the reason logged when it cannot be built)."""
     if device.type != "cpu" or dtype != torch.float32:
         return None
-    native = native_library.packaged("paged_attention")
-    if native.handle is None:
-        log.warning("attention kernel unavailable (%s); attention uses the tiled torch kernel",
-                    native.reason)
-        return None
-    lanes = int(native.handle.la_lanes())
-    if lanes == 0:
-        log.warning("attention kernel needs AVX2+FMA or AVX-512; using the tiled torch kernel")
-        return None
-    return AttentionKernel(native.handle, lanes)
+    found = native_library.vectorized("paged_attention", "la_lanes",
+                                      "attention uses the tiled torch kernel")
+    return None if found is None else AttentionKernel(*found)

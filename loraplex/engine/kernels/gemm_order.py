@@ -63,20 +63,15 @@ def gemm_kernel(inner_dims: tuple[int, ...], device: torch.device,
     current torch thread count), or None when it cannot be used here (the reason is logged)."""
     if device.type != "cpu" or dtype != torch.float32:
         return None
-    native = native_library.packaged(SOURCE.stem)
-    if native.handle is None:
-        log.warning("packed GEMM kernel unavailable (%s); base GEMMs use F.linear",
-                    native.reason)
+    found = native_library.vectorized(SOURCE.stem, "lp_lanes", "base GEMMs use F.linear")
+    if found is None:
         return None
-    lanes = int(native.handle.lp_lanes())
-    if lanes == 0:
-        log.warning("packed GEMM kernel needs AVX2+FMA or AVX-512; base GEMMs use F.linear")
-        return None
-    probe = GemmKernel(native.handle, lanes, {})
+    handle, lanes = found
+    probe = GemmKernel(handle, lanes, {})
     blocks = {k: b for k in sorted(set(inner_dims)) if (b := matching_block(probe, k))}
     missing = sorted(set(inner_dims) - set(blocks))
     if missing:
         log.warning("packed GEMM kernel does not reproduce F.linear's bits at inner dims %s "
                     "on this machine (%d threads); those GEMMs use F.linear", missing,
                     torch.get_num_threads())
-    return GemmKernel(native.handle, lanes, blocks) if blocks else None
+    return GemmKernel(handle, lanes, blocks) if blocks else None

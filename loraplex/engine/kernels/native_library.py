@@ -68,6 +68,21 @@ def packaged(name: str) -> NativeLibrary:
     return load(Path(__file__).with_name(f"{name}.c"))
 
 
+def vectorized(name: str, lanes_symbol: str, what: str) -> tuple[ctypes.CDLL, int] | None:
+    """The package's ``name.c`` (`packaged`) and its vector width (its ``lanes_symbol()``), or
+    None with the reason logged: it could not be built, or the CPU has neither AVX2+FMA nor
+    AVX-512 (width 0). ``what`` ends the log line: what runs instead."""
+    native = packaged(name)
+    if native.handle is None:
+        log.warning("%s kernel unavailable (%s); %s", name, native.reason, what)
+        return None
+    lanes = int(getattr(native.handle, lanes_symbol)())
+    if lanes == 0:
+        log.warning("%s kernel needs AVX2+FMA or AVX-512; %s", name, what)
+        return None
+    return native.handle, lanes
+
+
 def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
     """``source`` compiled for this machine (built on first use) and loaded; ``extra_flags``
     after the usual ones (tests build the AVX2 variant with ``-mno-avx512f``)."""

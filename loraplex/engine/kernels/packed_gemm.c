@@ -78,6 +78,31 @@ int lp_lanes(void) { return LANES; }
 
 #if LANES > 0
 
+/* Row pointers of rows 0 .. mr-1 of x (rows past mr repeat row 0; their sums are dropped). */
+static inline __attribute__((always_inline)) void row_pointers(const float *x, int64_t K, int mr,
+                                                               const float **xr) {
+    for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
+}
+
+/* acc0/acc1[m] = Σ_{k0 ≤ k < k1} x[m][k] · w0/w1[k]: an FMA chain from zero per output. */
+static inline __attribute__((always_inline)) void block_sums(
+        const float *const *xr, int64_t k0, int64_t k1, const float *w0, const float *w1,
+        int64_t row_stride, vec_t *acc0, vec_t *acc1) {
+    for (int m = 0; m < MR; m++) {
+        acc0[m] = v_zero();
+        acc1[m] = v_zero();
+    }
+    for (int64_t k = k0; k < k1; k++) {
+        vec_t a = v_load(w0 + k * row_stride);
+        vec_t b = v_load(w1 + k * row_stride);
+        for (int m = 0; m < MR; m++) {
+            vec_t xv = v_bcast(xr[m] + k);
+            acc0[m] = v_fma(xv, a, acc0[m]);
+            acc1[m] = v_fma(xv, b, acc1[m]);
+        }
+    }
+}
+
 /* Rows m0 .. m0+mr-1 (mr ≤ MR), products k0 .. k1-1 (one K block), against panels w0 (n0
  * outputs) and w1 (n1 outputs; n1 = 0: no second panel, w1 aliases w0 and its sums are
  * dropped). x and the panels point at k0; y at output column 0 of the first panel in row m0.
@@ -87,21 +112,9 @@ static inline __attribute__((always_inline)) void micro_kernel(
                          const float *w1, int64_t row_stride, int first, int n0, int n1,
                          int mr, float *y, int64_t O) {
     const float *xr[MR];
-    for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
+    row_pointers(x, K, mr, xr);
     vec_t acc0[MR], acc1[MR];
-    for (int m = 0; m < MR; m++) {
-        acc0[m] = v_zero();
-        acc1[m] = v_zero();
-    }
-    for (int64_t k = 0; k < kn; k++) {
-        vec_t a = v_load(w0 + k * row_stride);
-        vec_t b = v_load(w1 + k * row_stride);
-        for (int m = 0; m < MR; m++) {
-            vec_t xv = v_bcast(xr[m] + k);
-            acc0[m] = v_fma(xv, a, acc0[m]);
-            acc1[m] = v_fma(xv, b, acc1[m]);
-        }
-    }
+    block_sums(xr, 0, kn, w0, w1, row_stride, acc0, acc1);
     for (int m = 0; m < mr; m++) {
         float *row = y + (int64_t)m * O;
         if (!first) {
@@ -119,24 +132,12 @@ static inline __attribute__((always_inline)) void micro_kernel_all(
         const float *x, int64_t K, int64_t block, const float *w0, const float *w1,
         int64_t row_stride, int n0, int n1, int mr, float *y, int64_t O) {
     const float *xr[MR];
-    for (int m = 0; m < MR; m++) xr[m] = x + (int64_t)(m < mr ? m : 0) * K;
+    row_pointers(x, K, mr, xr);
     vec_t tot0[MR], tot1[MR];
     for (int64_t k0 = 0; k0 < K; k0 += block) {
         int64_t k1 = k0 + block < K ? k0 + block : K;
         vec_t acc0[MR], acc1[MR];
-        for (int m = 0; m < MR; m++) {
-            acc0[m] = v_zero();
-            acc1[m] = v_zero();
-        }
-        for (int64_t k = k0; k < k1; k++) {
-            vec_t a = v_load(w0 + k * row_stride);
-            vec_t b = v_load(w1 + k * row_stride);
-            for (int m = 0; m < MR; m++) {
-                vec_t xv = v_bcast(xr[m] + k);
-                acc0[m] = v_fma(xv, a, acc0[m]);
-                acc1[m] = v_fma(xv, b, acc1[m]);
-            }
-        }
+        block_sums(xr, k0, k1, w0, w1, row_stride, acc0, acc1);
         for (int m = 0; m < MR; m++) {
             tot0[m] = k0 == 0 ? acc0[m] : v_add(tot0[m], acc0[m]);
             tot1[m] = k0 == 0 ? acc1[m] : v_add(tot1[m], acc1[m]);

@@ -96,13 +96,18 @@ class FrozenLinear:
         self._kernel: GemmKernel | None = None
         self._block = 0
         self._panels: torch.Tensor | None = None
-        usable = (kernel is not None and weight_O_I.device.type == "cpu"
-                  and weight_O_I.dtype == torch.float32
-                  and weight_O_I.shape[0] >= MIN_OUT_FEATURES)
-        if usable and kernel is not None and weight_O_I.shape[1] in kernel.blocks:
+        if kernel is not None and FrozenLinear.packs(weight_O_I, kernel):
             self._kernel = kernel
             self._block = kernel.blocks[weight_O_I.shape[1]]
             self._panels = kernel.pack(weight_O_I)
+
+    @staticmethod
+    def packs(weight_O_I: torch.Tensor, kernel: GemmKernel | None) -> bool:
+        """Whether a `FrozenLinear` of this weight runs on ``kernel`` (else on F.linear)."""
+        return (kernel is not None and weight_O_I.device.type == "cpu"
+                and weight_O_I.dtype == torch.float32
+                and weight_O_I.shape[0] >= MIN_OUT_FEATURES
+                and weight_O_I.shape[1] in kernel.blocks)
 
     @property
     def is_packed(self) -> bool:

@@ -211,8 +211,8 @@ class Transformer:
         else:
             kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
             k_pages, v_pages = kv.k[i], kv.v[i]
-        native = self.options.attention
-        if native is not None and q.device.type == "cpu":
+        native = self.options.attention  # chosen at load for a CPU model only
+        if native is not None:
             out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, native,
                                         batch.attention_runs)
         elif self.options.batch_invariant or q.device.type == "cpu":
@@ -251,10 +251,10 @@ class MlpLinears:
         assert layer.down_proj is not None
         sizes = (layer.gate_proj.shape[0], layer.up_proj.shape[0])
         down = FrozenLinear(layer.down_proj, kernel)
-        fused = FrozenLinear(torch.cat([layer.gate_proj, layer.up_proj]), kernel)
-        if not fused.is_packed:
+        if not FrozenLinear.packs(layer.gate_proj, kernel):  # nor the two stacked, then
             return MlpLinears((FrozenLinear(layer.gate_proj, kernel),
                                FrozenLinear(layer.up_proj, kernel)), sizes, down)
+        fused = FrozenLinear(torch.cat([layer.gate_proj, layer.up_proj]), kernel)
         layer.gate_proj, layer.up_proj = fused.weight.split(sizes)
         return MlpLinears((fused,), sizes, down)
 
