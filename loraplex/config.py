@@ -14,7 +14,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from loraplex.errors import user_error
 
@@ -37,7 +37,15 @@ class EngineConfig:
             on what else shares the batch, nor on decode vs full forward (bitwise).
         row_multiple: GEMM row counts are padded to a multiple of this in batch-invariant mode.
         kv_block_size: keys per attention block and per KV-cache page.
-        kv_cache_blocks: pages in the sampler's KV cache (bounds sampler memory).
+        kv_cache_blocks: pages in the sampler's KV cache (bounds sampler memory); None: as
+            many as ``kv_cache_memory`` holds.
+        kv_cache_memory: bytes of the sampler's KV cache when ``kv_cache_blocks`` is None
+            (None: a tenth of the device's memory, host RAM on a CPU, and at most 131,072
+            positions; `engine.sampling.kv_budget`).
+        recompute: activation recomputation in training. ``layer``: keep each decoder
+            layer's input only and recompute the layer's inside in the backward (the same
+            bits; on SmolLM2 a 8,192-token step's activations go from ~20 GB to ~1 GB);
+            ``none``: keep every activation.
         max_context: longest sequence accepted (None: the model's own limit).
         num_threads: torch intra-op threads (None: torch's default).
         retain_host_memory: keep freed host memory in the process for the next step's tensors
@@ -66,7 +74,9 @@ class EngineConfig:
     batch_invariant: bool = True
     row_multiple: int = 8
     kv_block_size: int = 64
-    kv_cache_blocks: int = 2048
+    kv_cache_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    recompute: Literal["none", "layer"] = "layer"
     max_context: int | None = None
     num_threads: int | None = None
     retain_host_memory: bool = True
@@ -78,6 +88,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_threads is not None and self.num_threads < 1:
             raise user_error("num_threads", f"must be at least 1, got {self.num_threads}")
+        for name in ("kv_cache_blocks", "kv_cache_memory"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise user_error(name, f"must be at least 1, got {value}")
+        if self.recompute not in ("none", "layer"):
+            raise user_error("recompute", f"must be 'none' or 'layer', got {self.recompute!r}")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 SOURCE is a local Hugging Face checkpoint directory, or ``builtin:tiny`` / ``builtin:small``:
 a built-in model created on first use under ``<data_dir>/models/builtin-<size>`` (random
-weights and a locally trained tokenizer, no download). ``builtin:tiny-moe`` /
+weights and a locally trained tokenizer, no download; ``builtin:tiny-long`` / ``small-long``
+are the same models with a 40,960-position context). ``builtin:tiny-moe`` /
 ``builtin:small-moe`` are the Qwen3-MoE built-ins (8 experts, top-2; the Qwen3 tokenizer).
 ``gguf:/path/model.gguf`` serves a GGUF
 file: its config, tokenizer and chat template are rebuilt once under
@@ -20,10 +21,10 @@ from loraplex.cli.wheel_models import WHEEL_MODELS
 from loraplex.errors import user_error
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_SIZES = ("tiny", "small")
+BUILTIN_SIZES = ("tiny", "small", "tiny-long", "small-long")
 BUILTIN_ARCH = "qwen3"
 #: Built-in names with an arch suffix: ``builtin:<size>-moe`` → (arch, size).
-BUILTIN_VARIANTS = {f"{size}-moe": ("qwen3_moe", size) for size in BUILTIN_SIZES}
+BUILTIN_VARIANTS = {f"{size}-moe": ("qwen3_moe", size) for size in ("tiny", "small")}
 BUILTIN_SEED = 0
 GGUF_PREFIX = "gguf:"
 

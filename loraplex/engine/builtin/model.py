@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,12 @@ SIZES = {
                          intermediate_size={"qwen3": 2048, "llama": 1536, "qwen3_moe": 2048},
                          corpus_chars=1_500_000),
 }
+#: Long-context twins (``builtin:tiny-long`` / ``small-long``): the same model (same weights and
+#: tokenizer for the same seed) with Qwen3's own 40,960-position context and rope theta 1e6,
+#: for training and sampling 32K-token sequences.
+LONG_CONTEXT = 40960
+SIZES |= {f"{name}-long": replace(size, max_position_embeddings=LONG_CONTEXT)
+          for name, size in list(SIZES.items())}
 #: Qwen3 ≤ 4B ties its embeddings; Llama 3.1 8B does not: the two built-ins cover both
 #: (Qwen3-30B-A3B does not either).
 TIED = {"qwen3": True, "llama": False, "qwen3_moe": False}

@@ -52,6 +52,7 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
         rows=rows,
         offsets_S=ends.to(torch.int32).to(device),
         scale_P_1=torch.repeat_interleave(scales, sizes)[:, None].to(device),
+        scale_S=scales.to(device),
         targets=targets,
         fused_a=fused,
     )

@@ -64,16 +64,19 @@ def targets_of(config: LoraConfig, spec: ModelSpec | None = None) -> tuple[str, 
         sparse = spec is not None and spec.experts is not None
         dense = spec is None or bool(spec.dense_mlp_layers)
         mlp = (MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
-    chosen = (ATTN_TARGETS if config.train_attn else ()) + mlp + (
-        (UNEMBED,) if config.train_unembed else ())
+    unembed = config.train_unembed and (spec is None or spec.holds_vocab)
+    chosen = (ATTN_TARGETS if config.train_attn else ()) + mlp + ((UNEMBED,) if unembed else ())
     return tuple(t for t in ALL_TARGETS if t in chosen)
 
 
 def target_shape(spec: ModelSpec, target: str) -> TargetShape:
+    """One target's shape on ``spec``'s layers (a pipeline stage's: its own, ``layers``
+    numbered as in the whole model)."""
+    first = spec.first_layer
     if target in EXPERT_TARGETS:
         dims = expert_dims(spec, target)
-        return TargetShape(len(dims.layers), dims.d_in, dims.d_out, dims.layers,
-                           dims.a_experts, dims.b_experts)
+        return TargetShape(len(dims.layers), dims.d_in, dims.d_out,
+                           tuple(first + i for i in dims.layers), dims.a_experts, dims.b_experts)
     d, q, kv, ff = spec.hidden_size, spec.q_size, spec.kv_size, spec.intermediate_size
     d_in, d_out = {
         "q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
@@ -82,6 +85,8 @@ def target_shape(spec: ModelSpec, target: str) -> TargetShape:
     }[target]
     layers = ((0,) if target == UNEMBED else spec.dense_mlp_layers if target in MLP_TARGETS
               else tuple(range(spec.num_layers)))
+    if target != UNEMBED:
+        layers = tuple(first + i for i in layers)
     return TargetShape(len(layers), d_in, d_out, layers)
 
 

@@ -58,7 +58,9 @@ def load_weights(
     for path in shards:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             names.update(f.keys())
-    wanted = expected_names(spec, fused_expert_layers(spec, names))
+    whole = spec.whole_spec
+    known = expected_names(whole, fused_expert_layers(whole, names))
+    wanted = expected_names(spec, fused_expert_layers(spec, names))  # a stage's: its share
     tensors: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     for path in shards:
@@ -66,11 +68,12 @@ def load_weights(
             for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
                 if name not in wanted:
                     tied_head = name == "lm_head.weight" and spec.tie_word_embeddings
-                    if not tied_head and not name.endswith(IGNORED_SUFFIXES):
+                    if name not in known and not tied_head and not name.endswith(
+                            IGNORED_SUFFIXES):
                         unexpected.append(name)
                     continue
                 tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-    missing = sorted(wanted - set(tensors))
+    missing = sorted(known - names)
     if missing or unexpected:
         raise user_error("model", f"{model_dir}: checkpoint does not match config.json "
                                   f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
@@ -93,11 +96,11 @@ def save_weights(model_dir: str | Path, spec: ModelSpec, weights: BaseWeights) -
 def _check_shapes(spec: ModelSpec, weights: BaseWeights) -> None:
     d, v = spec.hidden_size, spec.vocab_size
     expected: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
-        "embed": (weights.embed, (v, d)),
-        "lm_head": (weights.lm_head, (v, d)),
         "layers.0.q_proj": (weights.layers[0].q_proj, (spec.q_size, d)),
         "layers.0.k_proj": (weights.layers[0].k_proj, (spec.kv_size, d)),
     }
+    if spec.holds_vocab:
+        expected |= {"embed": (weights.embed, (v, d)), "lm_head": (weights.lm_head, (v, d))}
     dense = spec.dense_mlp_layers
     if dense:
         expected[f"layers.{dense[0]}.down_proj"] = (weights.layers[dense[0]].down_proj,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,10 @@ def unpermute_rows(weight_R_C: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def read_hf_state(path: str | Path, spec: ModelSpec, device: torch.device,
-                  dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, dequantised to fp32 one at a time, HF-named and HF-laid-out,
-    then moved to ``device``/``dtype``."""
+                  dtype: torch.dtype, keep: Collection[str] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """Every tensor of the file (``keep``: those HF names only), dequantised to fp32 one at a
+    time, HF-named and HF-laid-out, then moved to ``device``/``dtype``."""
     from gguf.quants import dequantize
 
     reader = open_reader(path)
@@ -125,6 +127,8 @@ def read_hf_state(path: str | Path, spec: ModelSpec, device: torch.device,
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name, path)
+        if keep is not None and name not in keep:
+            continue
         values = dequantize(tensor.data, tensor.tensor_type)
         if spec.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = spec.num_heads if name.endswith("q_proj.weight") else spec.num_kv_heads
@@ -141,12 +145,13 @@ def load_gguf_weights(path: str | Path, spec: ModelSpec, device: torch.device,
     Raises:
         UserError: unsupported architecture / tensor types, or tensors not matching the spec.
     """
-    tensors = read_hf_state(path, spec, device, dtype)
-    wanted = expected_names(spec)
-    tied_head = spec.tie_word_embeddings and "lm_head.weight" in tensors
-    if tied_head:
-        del tensors["lm_head.weight"]
-    missing, unexpected = sorted(wanted - set(tensors)), sorted(set(tensors) - wanted)
+    wanted = expected_names(spec)  # a stage's: its share, the rest is not dequantised
+    known = expected_names(spec.whole_spec)
+    tensors = read_hf_state(path, spec, device, dtype, keep=wanted)
+    names = {hf_name(t.name, path) for t in open_reader(path).tensors}
+    if spec.tie_word_embeddings:
+        names.discard("lm_head.weight")
+    missing, unexpected = sorted(known - names), sorted(names - known)
     if missing or unexpected:
         raise user_error("model", f"{path}: tensors do not match its metadata "
                                   f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -59,7 +59,8 @@ def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
                 spec.num_heads, spec.num_kv_heads, spec.head_dim, config.kv_block_size):
             attention = None
     return ComputeOptions(batch_invariant=config.batch_invariant, row_multiple=multiple,
-                          kv_block_size=config.kv_block_size, gemm=gemm, attention=attention)
+                          kv_block_size=config.kv_block_size, gemm=gemm, attention=attention,
+                          recompute=config.recompute)
 
 
 def base_inner_dims(spec: ModelSpec) -> tuple[int, ...]:

@@ -39,6 +39,40 @@ class LoraRows:
     gather_P: torch.Tensor | None = None
     real_P: torch.Tensor | None = None
 
+    def batch_ranges(self) -> list[tuple[int, int]]:
+        """Each segment's batch rows ``[start, end)``: the segments tile rows
+        ``0 .. num_rows-1`` in order (in place: with their padding; gathered: unpadded)."""
+        if self.real_P is None:
+            return list(zip((0, *self.segment_ends[:-1]), self.segment_ends, strict=True))
+        ends = torch.tensor(self.segment_ends, dtype=self.real_P.dtype, device=self.real_P.device)
+        counts = torch.searchsorted(self.real_P, ends).tolist()  # real rows before each end
+        return list(zip([0, *counts[:-1]], counts, strict=True))
+
+    def window(self, start: int, end: int, row_multiple: int) -> LoraRows | None:
+        """The LoRA layout of batch rows ``[start, end)`` alone: their rows numbered from 0,
+        every segment's share padded to ``row_multiple`` in a gathered layout (a segment with
+        no row there keeps an empty share, so the stacked weights still line up); None when
+        no adapter row is in the range. A row's LoRA GEMMs keep their bits (each segment's
+        rows are still one GEMM of padded rows)."""
+        gather: list[int] = []
+        real: list[int] = []
+        ends: list[int] = []
+        for a, b in self.batch_ranges():
+            lo, hi = max(a, start), min(b, end)
+            if lo < hi:
+                real += range(len(gather), len(gather) + hi - lo)
+                gather += range(lo - start, hi - start)
+                gather += [0] * (-(hi - lo) % row_multiple)
+            ends.append(len(gather))
+        if not real:
+            return None
+        device = self.gather_P.device if self.gather_P is not None else None
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return LoraRows(self.adapter_ids, len(real), tuple(ends), tensor(gather), tensor(real))
+
 
 @dataclass(frozen=True)
 class StackedTarget:
@@ -70,6 +104,7 @@ class LoraBatch:
         rows: where the segments are (`LoraRows` of the batch).
         offsets_S: int32 cumulative segment ends in the LoRA layout (``F.grouped_mm`` offsets).
         scale_P_1: per LoRA row ``alpha / rank`` of the row's adapter.
+        scale_S: per segment ``alpha / rank`` (``scale_P_1``'s values, once each).
         targets: stacked tensors of every target some adapter in the batch trains.
         fused_a: targets that share an input (`FUSED_GROUPS`, all stacked) → their A
             factors concatenated along the rank, ``[L, S, n·Rk, d_in]``: one shrink GEMM for
@@ -80,6 +115,7 @@ class LoraBatch:
     rows: LoraRows
     offsets_S: torch.Tensor
     scale_P_1: torch.Tensor
+    scale_S: torch.Tensor
     targets: Mapping[str, StackedTarget]
     fused_a: Mapping[tuple[str, ...], torch.Tensor] = field(default_factory=dict)
 
@@ -87,10 +123,34 @@ class LoraBatch:
     def num_rows(self) -> int:
         return self.rows.num_rows
 
+    def window(self, start: int, end: int, row_multiple: int, targets: Sequence[str]
+               ) -> LoraBatch | None:
+        """The deltas of ``targets`` for batch rows ``[start, end)`` alone (`LoraRows.window`;
+        the chunked head's windows). They read this batch's own stacks (no copy), so
+        gradients reach the same per-layer views (`layer_views`)."""
+        rows = self.rows.window(start, end, row_multiple)
+        if rows is None:
+            return None
+        device = self.offsets_S.device
+        ends = torch.tensor(rows.segment_ends, dtype=torch.int64)
+        sizes = torch.diff(ends, prepend=ends.new_zeros(1)).to(device)
+        return LoraBatch(rows, ends.to(torch.int32).to(device),
+                         torch.repeat_interleave(self.scale_S, sizes)[:, None], self.scale_S,
+                         {t: st for t, st in self.targets.items() if t in targets})
+
     @cached_property
     def _fused_layers(self) -> dict[tuple[str, ...], tuple[torch.Tensor, ...]]:
         """`fused_a` per layer (`unbind` views: one gradient stack, see `StackedTarget`)."""
         return {group: a_L_S_nRk_I.unbind(0) for group, a_L_S_nRk_I in self.fused_a.items()}
+
+    def layer_views(self, index: Mapping[str, int]) -> tuple[torch.Tensor, ...]:
+        """The per-layer views the forward reads for each target at its layer index (and the
+        fused groups' A factors): what a recomputed layer must be differentiable in."""
+        views = [v for t, st in self.targets.items() if t in index
+                 for v in (st.a_layers[index[t]], st.b_layers[index[t]])]
+        views += [layers[index[group[0]]] for group, layers in self._fused_layers.items()
+                  if group[0] in index]
+        return tuple(views)
 
     def delta(self, target: str, layer: int, x_P_I: torch.Tensor) -> torch.Tensor | None:
         """``scale · (x Aᵀ) Bᵀ`` per segment of LoRA-layout rows; None if no adapter trains it."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard, MoeSpec
 from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts
+from loraplex.engine.model.stage import Stage
 from loraplex.errors import user_error
 
 Arch = Literal["qwen3", "llama", "qwen3_moe"]
@@ -64,6 +65,8 @@ class ModelSpec:
         bos_token_id: beginning-of-sequence token, if any.
         eos_token_ids: tokens that end a completion (config + generation_config).
         experts: the routed experts (mixture-of-experts models), None for dense ones.
+        stage, whole: a pipeline stage's spec (`sliced`): its stage, and the whole model's
+            spec; None for a whole model.
     """
 
     arch: Arch
@@ -81,6 +84,35 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     experts: ExpertSpec | None = None
+    stage: Stage | None = None
+    whole: ModelSpec | None = None
+
+    def sliced(self, stage: Stage) -> ModelSpec:
+        """The spec of one pipeline stage: its ``num_layers`` layers numbered from 0 (their
+        model layers start at `first_layer`), the vocabulary only on the last stage, and
+        `whole_spec` the model's."""
+        experts = self.experts
+        if experts is not None:
+            experts = replace(experts, sparse_layers=tuple(
+                i - stage.first_layer for i in experts.sparse_layers
+                if stage.first_layer <= i < stage.end_layer))
+        return replace(self, num_layers=stage.num_layers, experts=experts, stage=stage,
+                       whole=self)
+
+    @property
+    def whole_spec(self) -> ModelSpec:
+        """The whole model's spec (itself unless this is a stage's)."""
+        return self.whole if self.whole is not None else self
+
+    @property
+    def first_layer(self) -> int:
+        """The model layer of this spec's layer 0."""
+        return 0 if self.stage is None else self.stage.first_layer
+
+    @property
+    def holds_vocab(self) -> bool:
+        """Whether the embedding, final norm and head are here (the last stage's)."""
+        return self.stage is None or self.stage.is_last
 
     @property
     def has_qk_norm(self) -> bool:
@@ -115,6 +147,8 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """All parameters, embeddings included (a tied head counted once)."""
+        if self.whole is not None:
+            return self.whole.num_params()
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
         blocks = self.num_layers * self.layer_params()
@@ -125,7 +159,9 @@ class ModelSpec:
         return embed + head + blocks + self.hidden_size
 
     def model_info(self, max_context: int | None = None) -> ModelInfo:
-        """The torch-free facts the rest of the system may know."""
+        """The torch-free facts the rest of the system may know (the whole model's)."""
+        if self.whole is not None:
+            return self.whole.model_info(max_context)
         card = ModelCard(
             name=f"{self.arch} model", num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,7 @@ from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
+from loraplex.engine.model.layer_recompute import output_slots, recomputed
 from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.moe import SparseMlp
 from loraplex.engine.model.moe_dispatch import TokenRows
@@ -45,6 +48,7 @@ from loraplex.errors import user_error
 #: output column depends on its weight row only, so the logits keep their bits.
 HEAD_CHUNK = 1024
 HEAD_CHUNK_MAX_ROWS = 256
+Recompute = Literal["none", "layer"]
 #: LoRA rank padding in batch-invariant mode: a GEMM's output width, where the row padding is
 #: its row count. MKL's sgemm gives a column other bits when the output is narrower than 16
 #: (`engine.lora.stacking`), so an r8 adapter pads to 16 whatever the row multiple.
@@ -68,6 +72,8 @@ class ComputeOptions:
             None: F.linear everywhere.
         attention: the C paged-attention kernel for every attention forward (CPU); None:
             the tiled torch kernel's forward.
+        recompute: ``layer``: a training forward keeps each layer's input only and recomputes
+            the layer in the backward; ``none``: it keeps every activation.
     """
 
     batch_invariant: bool = True
@@ -75,6 +81,7 @@ class ComputeOptions:
     kv_block_size: int = 64
     gemm: GemmKernel | None = None
     attention: AttentionKernel | None = None
+    recompute: Recompute = "layer"
 
     @property
     def effective_row_multiple(self) -> int:
@@ -88,8 +95,8 @@ class Transformer:
         self.spec = spec
         self.weights = weights
         self.options = options
-        self.device = weights.embed.device
-        self.dtype = weights.embed.dtype
+        first = weights.layers[0].input_norm
+        self.device, self.dtype = first.device, first.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
         # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
         self._fused = [fuse_projections(layer) for layer in weights.layers]
@@ -98,8 +105,12 @@ class Transformer:
         self._o = [FrozenLinear(layer.o_proj, kernel) for layer in weights.layers]
         self._mlp_linears = {i: MlpLinears.of(weights.layers[i], kernel)
                              for i in spec.dense_mlp_layers}
-        self._head = FrozenLinear(weights.lm_head, kernel)
-        self._head_chunks = weights.lm_head.split(HEAD_CHUNK)
+        # The vocabulary (the last pipeline stage's, or a whole model's).
+        self._head: FrozenLinear | None = None
+        self._head_chunks: tuple[torch.Tensor, ...] = ()
+        if weights.lm_head is not None:
+            self._head = FrozenLinear(weights.lm_head, kernel)
+            self._head_chunks = weights.lm_head.split(HEAD_CHUNK)
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
         self._sparse: dict[int, SparseMlp] = {}
@@ -115,7 +126,7 @@ class Transformer:
         where the packed kernel runs them), then the LM head."""
         mlps = [linear for mlp in self._mlp_linears.values()
                 for linear in (*mlp.gate_up, mlp.down)]
-        return [*self._qkv, *self._o, *mlps, self._head]
+        return [*self._qkv, *self._o, *mlps, *([self._head] if self._head else [])]
 
     def packed_bytes(self) -> int:
         """Bytes of the base weights' packed copies (0: every base GEMM runs on F.linear)."""
@@ -139,36 +150,76 @@ class Transformer:
                               device=self.device)
 
     def forward(self, batch: PackedBatch, lora: LoraBatch | None = None,
-                kv: PagedKVCache | None = None) -> torch.Tensor:
-        """Final-norm hidden states ``[rows, hidden]`` of every row of ``batch``.
+                kv: PagedKVCache | None = None, x_R_D: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """Final-norm hidden states ``[rows, hidden]`` of every row of ``batch`` (a pipeline
+        stage's: the residual stream after its layers, normed on the last stage only).
 
         Args:
             batch: from `pack`; with ``kv`` its sequences carry block tables.
             lora: the stacked adapters of the batch's segments (None: base model only).
             kv: the sampler's cache; new keys/values are written into it in place. None for a
                 training forward (scratch pages, differentiable).
+            x_R_D: the residual stream entering this stage's first layer (a pipeline stage's
+                input: the previous stage's output, or the embedded rows); None: embed the
+                batch's tokens here.
         """
         if (kv is None) != (batch.num_scratch_blocks is not None):
             raise user_error("kv", "pass a cache exactly when the batch has block tables")
         if lora is not None and lora.rows is not batch.lora_rows:
             raise user_error("lora", "LoraBatch does not match the batch's adapter segments")
-        x_R_D = self.weights.embed[batch.tokens_R]
+        if x_R_D is None:
+            x_R_D = self.embed_rows(batch)
         cos, sin = self.rope.lookup(batch.positions_R)
         tokens = TokenRows.of(batch, lora) if self._sparse else None
-        for i, layer in enumerate(self.weights.layers):
-            h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
-            x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
-            h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)
-            sparse = self._sparse.get(i)
-            if sparse is not None:
-                assert tokens is not None
-                x_R_D = x_R_D + sparse(h_R_D, tokens, lora)
-            else:
-                x_R_D = x_R_D + self._mlp(self._dense_index[i], i, h_R_D, lora)
-        return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
+        # Recomputation keeps each layer's input only; its backward reruns the layer (the same
+        # deterministic ops, so the same bits) to get the activations it needs.
+        if self.options.recompute == "layer" and kv is None and torch.is_grad_enabled():
+            slots = output_slots(x_R_D, len(self.weights.layers))
+            for i, slot in enumerate(slots):
+                x_R_D = recomputed(partial(self._layer, i, cos=cos, sin=sin, batch=batch,
+                                           lora=lora, kv=None, tokens=tokens),
+                                   x_R_D, self._lora_views(i, lora), slot)
+        else:
+            for i in range(len(self.weights.layers)):
+                x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens)
+        if not self.spec.holds_vocab:
+            return x_R_D
+        return rms_norm(x_R_D, self.weights.vocab[1], self.spec.rms_norm_eps)
+
+    def embed_rows(self, batch: PackedBatch) -> torch.Tensor:
+        """The batch's token embeddings ``[rows, hidden]`` (where the vocabulary is held)."""
+        return self.weights.vocab[0][batch.tokens_R]
+
+    def _lora_views(self, i: int, lora: LoraBatch | None) -> tuple[torch.Tensor, ...]:
+        """The LoRA tensors decoder layer ``i`` reads (for `recomputed`)."""
+        if lora is None:
+            return ()
+        index = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), i)
+        if i in self._dense_index:
+            index.update(dict.fromkeys(("gate_proj", "up_proj", "down_proj"),
+                                       self._dense_index[i]))
+        if i in self._sparse:
+            index.update(dict.fromkeys(("w1", "w2", "w3"), self._sparse[i].index))
+        return lora.layer_views(index)
+
+    def _layer(self, i: int, x_R_D: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               batch: PackedBatch, lora: LoraBatch | None, kv: PagedKVCache | None,
+               tokens: TokenRows | None) -> torch.Tensor:
+        """Decoder layer ``i``: attention and MLP blocks, each with its residual."""
+        layer = self.weights.layers[i]
+        h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
+        x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
+        h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)
+        sparse = self._sparse.get(i)
+        if sparse is not None:
+            assert tokens is not None
+            return x_R_D + sparse(h_R_D, tokens, lora)
+        return x_R_D + self._mlp(self._dense_index[i], i, h_R_D, lora)
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
+        assert self._head is not None, "this pipeline stage holds no head"
         base_R_V = (torch.cat([F.linear(hidden_R_D, w) for w in self._head_chunks], dim=1)
                     if self._chunk_head(hidden_R_D) else self._head(hidden_R_D))
         return base_R_V if lora is None else lora.add_delta(base_R_V, hidden_R_D, "unembed", 0)
@@ -176,6 +227,7 @@ class Transformer:
     def _chunk_head(self, hidden_R_D: torch.Tensor) -> bool:
         """`HEAD_CHUNK`ed head GEMMs: a small CPU batch outside autograd (where one GEMM's
         backward is cheaper than many)."""
+        assert self._head is not None
         return (not self._head.is_packed and hidden_R_D.device.type == "cpu"
                 and len(self._head_chunks) > 1
                 and hidden_R_D.shape[0] <= HEAD_CHUNK_MAX_ROWS

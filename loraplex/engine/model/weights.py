@@ -72,16 +72,42 @@ def layer_fields(spec: ModelSpec, layer: int) -> tuple[str, ...]:
 
 @dataclass
 class BaseWeights:
-    """All frozen tensors of a base model (never require grad)."""
+    """All frozen tensors of a base model (never require grad); a pipeline stage's hold its
+    own layers, and the vocabulary (``embed``, ``final_norm``, ``lm_head``) only on the last
+    stage (None elsewhere)."""
 
-    embed: torch.Tensor
+    embed: torch.Tensor | None
     layers: list[LayerWeights]
-    final_norm: torch.Tensor
-    lm_head: torch.Tensor
+    final_norm: torch.Tensor | None
+    lm_head: torch.Tensor | None
+
+    @property
+    def vocab(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(embed, final_norm, lm_head)``; only where they are held."""
+        assert self.embed is not None and self.final_norm is not None
+        assert self.lm_head is not None, "this stage holds no vocabulary"
+        return self.embed, self.final_norm, self.lm_head
+
+    def nbytes(self) -> int:
+        """Bytes of the distinct tensors held (a tied head once)."""
+        seen: dict[int, int] = {}
+        tensors = [self.embed, self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [getattr(layer, name) for name in TENSOR_FIELDS]
+            if layer.experts is not None:
+                tensors += [layer.experts.router_E_D, layer.experts.gate_up_E_2F_D,
+                            layer.experts.down_E_D_F]
+        for t in tensors:
+            if t is not None:
+                storage = t.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values())
 
     def named_tensors(self, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF state-dict names and tensors; a tied head is not listed (HF omits it too)."""
-        yield "model.embed_tokens.weight", self.embed
+        """HF state-dict names and tensors; a tied head is not listed (HF omits it too).
+        A whole model's only."""
+        embed, final_norm, lm_head = self.vocab
+        yield "model.embed_tokens.weight", embed
         for i, layer in enumerate(self.layers):
             for name in TENSOR_FIELDS:
                 tensor = getattr(layer, name)
@@ -89,25 +115,25 @@ class BaseWeights:
                     yield f"model.layers.{i}.{_hf_suffix(name)}.weight", tensor
             if layer.experts is not None:
                 yield from expert_named_tensors(i, layer.experts)
-        yield "model.norm.weight", self.final_norm
+        yield "model.norm.weight", final_norm
         if not spec.tie_word_embeddings:
-            yield "lm_head.weight", self.lm_head
+            yield "lm_head.weight", lm_head
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> BaseWeights:
         """A copy on ``device`` in ``dtype`` (tying preserved)."""
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype).contiguous()
 
-        embed = move(self.embed)
-        tied = self.lm_head is self.embed
+        old_embed, old_norm, old_head = self.vocab
+        embed = move(old_embed)
+        tied = old_head is old_embed
         layers = []
         for lw in self.layers:
             values = {name: getattr(lw, name) for name in TENSOR_FIELDS}
             experts = None if lw.experts is None else lw.experts.map(move)
             layers.append(LayerWeights(**{k: None if t is None else move(t)  # type: ignore[arg-type]
                                           for k, t in values.items()}, experts=experts))
-        return BaseWeights(embed, layers, move(self.final_norm),
-                           embed if tied else move(self.lm_head))
+        return BaseWeights(embed, layers, move(old_norm), embed if tied else move(old_head))
 
 
 @dataclass(frozen=True)
@@ -140,21 +166,26 @@ def _hf_suffix(field_name: str) -> str:
 
 
 def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeights:
-    """Assemble `BaseWeights` from HF-named tensors (already on device and in dtype).
+    """Assemble `BaseWeights` from HF-named tensors (already on device and in dtype); a
+    stage's spec takes its own layers (HF numbers from `ModelSpec.first_layer`) and the
+    vocabulary only where it holds it.
 
     Raises:
         KeyError: a required tensor is missing (the caller turns it into a user error).
     """
     layers = []
     for i in range(spec.num_layers):
+        g = spec.first_layer + i
         present = layer_fields(spec, i)
         values: dict[str, torch.Tensor | None] = {
-            name: tensors[f"model.layers.{i}.{_hf_suffix(name)}.weight"] if name in present
+            name: tensors[f"model.layers.{g}.{_hf_suffix(name)}.weight"] if name in present
             else None for name in TENSOR_FIELDS}
         experts = None
         if spec.experts is not None and spec.is_sparse(i):
-            experts = experts_from_hf(spec.experts, i, tensors)
+            experts = experts_from_hf(spec.experts, g, tensors)
         layers.append(LayerWeights(**values, experts=experts))  # type: ignore[arg-type]
+    if not spec.holds_vocab:
+        return BaseWeights(None, layers, None, None)
     embed = tensors["model.embed_tokens.weight"]
     head = embed if spec.tie_word_embeddings else tensors["lm_head.weight"]
     return BaseWeights(embed, layers, tensors["model.norm.weight"], head)
@@ -164,20 +195,24 @@ def fused_expert_layers(spec: ModelSpec, names: Collection[str]) -> tuple[int, .
     """The sparse layers whose experts ``names`` (a checkpoint's) hold in the fused layout."""
     experts = spec.experts
     return () if experts is None else tuple(
-        i for i in experts.sparse_layers if fused_name(i, "gate_up_proj") in names)
+        i for i in experts.sparse_layers
+        if fused_name(spec.first_layer + i, "gate_up_proj") in names)
 
 
 def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[str]:
     """HF names a checkpoint of this spec must contain (``fused_layers``: sparse layers whose
-    experts the checkpoint stores fused, `expert_weights`)."""
-    names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not spec.tie_word_embeddings:
-        names.add("lm_head.weight")
+    experts the checkpoint stores fused, `expert_weights`); a stage's: its own."""
+    names = set()
+    if spec.holds_vocab:
+        names |= {"model.embed_tokens.weight", "model.norm.weight"}
+        if not spec.tie_word_embeddings:
+            names.add("lm_head.weight")
     for i in range(spec.num_layers):
-        names.update(f"model.layers.{i}.{_hf_suffix(name)}.weight"
+        g = spec.first_layer + i
+        names.update(f"model.layers.{g}.{_hf_suffix(name)}.weight"
                      for name in layer_fields(spec, i))
         if spec.experts is not None and spec.is_sparse(i):
-            names.update(expert_names(spec.experts, i, fused=i in fused_layers))
+            names.update(expert_names(spec.experts, g, fused=i in fused_layers))
     return names
 
 

@@ -22,8 +22,8 @@ class KVPool:
 
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int,
                  device: torch.device, dtype: torch.dtype) -> None:
-        # Resident from here on: kv_cache_blocks × (layers · 2 · kv_heads · block · head_dim)
-        # values (the small model's 2048 pages: 1 GiB in fp32).
+        # Resident from here on: num_blocks × (layers · 2 · kv_heads · block · head_dim)
+        # values (`kv_budget` sizes it; the small model's 2048 pages: 1 GiB in fp32).
         self.kv = PagedKVCache.allocate(spec, num_blocks, block_size, device, dtype)
         self.blocks = BlockManager(num_blocks, block_size)
         self.block_size = block_size

@@ -1,18 +1,24 @@
-"""`PrefillItem` and the prefill forward: one sequence's share of a prefill, the logits of the
-positions it needs, and the scores of its prompt tokens.
+"""`PrefillItem` and the prefill forward: one sequence's share of a prefill, the hidden states
+of the positions it needs logits for, and those logits window by window.
 
-`prefill_logits` runs the items' uncached tokens through the model (writing their KV pages) and
-returns the logits of each item's `PrefillItem.head_positions` only; `score_prompt` turns the
-logits of scored prompt positions into logprobs with the training forward's arithmetic. Knows
-nothing about admission, page allocation or stopping (the `Sampler` decides those).
+`prefill_hidden` runs the items' uncached tokens through the model (writing their KV pages) and
+keeps the hidden states of each item's `PrefillItem.head_positions` only; `head_windows` turns
+them into logits at most `rows_per_window` rows at a time, so an 8,192-token prompt whose
+logprobs are asked for never holds ``[8192 × vocab]``; `score_rows` turns scored positions'
+logits into logprobs with the training forward's arithmetic. A long prompt is prefilled in
+pieces (`PrefillItem.end`): each piece attends to the pages the earlier pieces wrote, with
+the same bits as one forward (attention computes each query row alone). Knows nothing about
+admission, page allocation or stopping (the `Sampler` decides those).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from loraplex.engine.model.head_chunks import rows_per_window
 from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.transformer import Transformer
@@ -25,53 +31,96 @@ class PrefillItem:
     """One sequence's share of a prefill forward.
 
     Attributes:
-        seq: computes ``seq.tokens[start:]`` and samples its next token from the last row.
-        start: positions before it come from cached pages.
+        seq: computes ``seq.tokens[start:stop]``; when that reaches its last token, samples
+            its next token from the last row.
+        start: positions before it come from cached pages (or earlier pieces).
         forks: fresh samples that share its prompt pages and first-token distribution.
         first_scored: first prompt position to score (``len(prompt)``: none).
+        end: where this piece stops (None: at the sequence's end).
+        is_first_piece: no earlier piece of this item ran.
     """
 
     seq: SampleSequence
     start: int
     forks: list[SampleSequence] = field(default_factory=list)
     first_scored: int = 0
+    end: int | None = None
+    is_first_piece: bool = True
+
+    @property
+    def stop(self) -> int:
+        return len(self.seq.tokens) if self.end is None else self.end
+
+    @property
+    def is_final(self) -> bool:
+        """This piece computes the sequence's last token (it samples the next one)."""
+        return self.stop == len(self.seq.tokens)
 
     @property
     def head_positions(self) -> range:
-        """Positions whose logits are needed: scored prompt positions' predecessors + last."""
+        """Positions whose logits are needed: scored prompt positions' predecessors, and the
+        last position when the piece reaches it."""
         last = len(self.seq.tokens) - 1
-        return range(min(self.first_scored - 1, last), last + 1)
+        return range(max(self.start, min(self.first_scored - 1, last)), self.stop)
+
+    @property
+    def num_scored_rows(self) -> int:
+        """Head rows that score a prompt token (all but the sampling row)."""
+        return len(self.head_positions) - (1 if self.is_final else 0)
+
+    def rest(self) -> PrefillItem:
+        """The item's next piece (after this one ran)."""
+        return PrefillItem(self.seq, self.stop, self.forks, self.first_scored,
+                           is_first_piece=False)
 
 
-def prefill_logits(model: Transformer, stacks: LoraStacks, kv: PagedKVCache,
+def prefill_hidden(model: Transformer, stacks: LoraStacks, kv: PagedKVCache,
                    items: list[PrefillItem]) -> torch.Tensor:
-    """Forward the items (writing their KV into ``kv``), then logits ``[N, V]`` of their
-    `head_positions` only, concatenated in item order. The head rows are re-packed as a batch
-    of their own (rows padded to the row multiple, adapter segments, unembed LoRA): the same
-    bits as in a full forward."""
-    batch = model.pack([SequenceInput(it.seq.tokens[it.start:], it.seq.request.work.adapter_id,
-                                      it.start, it.seq.block_table) for it in items])
+    """Forward the items' pieces (writing their KV into ``kv``); the hidden states ``[N, D]``
+    of their `head_positions`, concatenated in item order."""
+    batch = model.pack([SequenceInput(it.seq.tokens[it.start:it.stop],
+                                      it.seq.request.work.adapter_id, it.start,
+                                      it.seq.block_table) for it in items])
     with torch.no_grad():
         hidden_R_D = model.forward(batch, stacks.for_batch(batch), kv)
-        rows = [batch.seq_row_start[i] + p - it.start
-                for i, it in enumerate(items) for p in it.head_positions]
-        head = model.pack([SequenceInput([0] * len(it.head_positions),
-                                         it.seq.request.work.adapter_id) for it in items])
-        head_R_D = head.scatter_to_rows(hidden_R_D.index_select(
-            0, torch.tensor(rows, device=hidden_R_D.device)))
-        return head.gather_from_rows(model.logits(head_R_D, stacks.for_batch(head)))
+    rows = [batch.seq_row_start[i] + p - it.start
+            for i, it in enumerate(items) for p in it.head_positions]
+    return hidden_R_D.index_select(0, torch.tensor(rows, dtype=torch.long,
+                                                   device=hidden_R_D.device))
 
 
-def score_prompt(item: PrefillItem, logits_N_V: torch.Tensor) -> None:
-    """Record the logprob (and top alternatives) of prompt tokens ``first_scored ..`` from the
-    logits of their predecessors: the training forward's row-local log_softmax, in fp32."""
-    request = item.seq.request
-    targets = torch.tensor(item.seq.tokens[item.first_scored:], device=logits_N_V.device)
+def head_windows(model: Transformer, stacks: LoraStacks, items: list[PrefillItem],
+                 head_N_D: torch.Tensor, max_rows: int | None = None
+                 ) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(first head row, logits [w, V])`` of at most ``max_rows`` head rows at a time. Each
+    window's rows are re-packed as a batch of their own (rows padded to the row multiple,
+    adapter segments, unembed LoRA): the same bits as in a full forward."""
+    max_rows = max_rows or rows_per_window(model.spec.vocab_size,
+                                           model.options.effective_row_multiple)
+    spans: list[tuple[int, int, str | None]] = []  # (first row, rows, adapter) per item
+    offset = 0
+    for it in items:
+        n = len(it.head_positions)
+        spans.append((offset, n, it.seq.request.work.adapter_id))
+        offset += n
+    for start in range(0, offset, max_rows):
+        end = min(offset, start + max_rows)
+        parts = [(max(a, start), min(a + n, end), adapter) for a, n, adapter in spans
+                 if max(a, start) < min(a + n, end)]
+        head = model.pack([SequenceInput([0] * (b - a), adapter) for a, b, adapter in parts])
+        with torch.no_grad():
+            head_R_D = head.scatter_to_rows(head_N_D[start:end])
+            yield start, head.gather_from_rows(model.logits(head_R_D, stacks.for_batch(head)))
+
+
+def score_rows(logits_N_V: torch.Tensor, targets: list[int], k: int
+               ) -> tuple[list[float], list[tuple[list[int], list[float]]]]:
+    """The logprob (and top ``k`` alternatives) of each target from its predecessor's logits:
+    the training forward's row-local log_softmax, in fp32."""
     logprobs_N_V = torch.log_softmax(logits_N_V.to(torch.float32), dim=-1)
-    chosen = logprobs_N_V.gather(1, targets[:, None]).squeeze(1).tolist()
-    k = request.work.topk_prompt_logprobs
-    topk: list[tuple[list[int], list[float]]] = []
-    if k:
-        top_lp, top_ids = logprobs_N_V.topk(k, dim=-1)
-        topk = list(zip(top_ids.tolist(), top_lp.tolist(), strict=True))
-    request.set_prompt_scores(chosen, topk)
+    targets_N = torch.tensor(targets, device=logits_N_V.device)
+    chosen = logprobs_N_V.gather(1, targets_N[:, None]).squeeze(1).tolist()
+    if not k:
+        return chosen, []
+    top_lp, top_ids = logprobs_N_V.topk(k, dim=-1)
+    return chosen, list(zip(top_ids.tolist(), top_lp.tolist(), strict=True))

@@ -30,9 +30,15 @@ from loraplex.domain.work import SampleWork
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.transformer import Transformer
+from loraplex.engine.sampling.kv_budget import kv_cache_blocks
 from loraplex.engine.sampling.kv_pool import KVPool
 from loraplex.engine.sampling.lora_stacks import AdapterVersions, LoraStacks
-from loraplex.engine.sampling.prefill import PrefillItem, prefill_logits, score_prompt
+from loraplex.engine.sampling.prefill import (
+    PrefillItem,
+    head_windows,
+    prefill_hidden,
+    score_rows,
+)
 from loraplex.engine.sampling.random_stream import stream_key, uniform
 from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
 from loraplex.engine.sampling.stop_rule import StopRule, StopStringMatcher
@@ -40,8 +46,11 @@ from loraplex.engine.sampling.token_sampler import RowParams, sample_tokens
 from loraplex.engine.sampling.validation import SampleLimits, check_sample_work
 from loraplex.errors import LoraplexError, NotFoundError
 
-#: Prompt tokens per prefill forward (more waiting requests run in further forwards).
+#: Prompt tokens per prefill forward (more waiting requests run in further forwards; a longer
+#: sequence is prefilled in pieces).
 MAX_PREFILL_TOKENS = 4096
+#: The smallest piece a long sequence is cut to when less of a forward's budget is left.
+MIN_PREFILL_PIECE = 512
 
 
 @dataclass
@@ -72,27 +81,30 @@ class Sampler:
             bank: resident adapters; sampled rows read their LoRA from here. The sampler never
                 loads one: the caller makes a request's adapter resident before admitting it
                 (`Engine.sample_step`), and a request whose adapter is not fails alone.
-            config: the engine slice (kv_block_size, kv_cache_blocks, max_context).
+            config: the engine slice (kv_block_size, the KV cache's size, max_context).
             model_dir: the model directory; ``tokenizer.json`` there detokenizes stop strings.
         """
         self._model = model
         self._bank = bank
         block_size = model.options.kv_block_size
-        self.pool = KVPool(model.spec, config.kv_cache_blocks, block_size, model.device,
-                           model.dtype)
+        num_blocks = kv_cache_blocks(config.kv_cache_blocks, config.kv_cache_memory, model.spec,
+                                     len(model.weights.layers), block_size, model.device,
+                                     model.dtype)
+        self.pool = KVPool(model.spec, num_blocks, block_size, model.device, model.dtype)
         self._stop_strings = StopStringMatcher(model_dir)
         info = model.model_info(config.max_context)
         self._eos_token_ids = info.eos_token_ids
         self.limits = SampleLimits(
             vocab_size=info.vocab_size,
-            max_context=min(info.max_context, config.kv_cache_blocks * block_size),
-            num_blocks=config.kv_cache_blocks, block_size=block_size,
+            max_context=min(info.max_context, num_blocks * block_size),
+            num_blocks=num_blocks, block_size=block_size,
             has_tokenizer=self._stop_strings.is_available)
         self._versions = AdapterVersions(bank)
         self._stacks = LoraStacks(bank, self._versions, model.rank_multiple, model.dtype)
         self._requests: dict[str, SampleRequest] = {}
         self._waiting: deque[SampleRequest] = deque()  # admitted, prompt not yet computed
         self._resume: deque[SampleSequence] = deque()  # preempted, to be recomputed
+        self._partial: PrefillItem | None = None  # a long sequence's piece in progress
         self._running: list[SampleSequence] = []  # (re)admission order: last = newest
         self._num_admitted = 0
         self.stats = SamplerStats()
@@ -119,7 +131,7 @@ class Sampler:
                 if not self._running:
                     break
                 finished += self._decode()
-                if self._waiting or self._resume:
+                if self._waiting or self._resume or self._partial is not None:
                     finished += self._prefill_waiting()
         except Exception:
             self._reset()
@@ -198,6 +210,8 @@ class Sampler:
         self._resume = deque(s for s in self._resume if s not in members)
         if request in self._waiting:
             self._waiting.remove(request)
+        if self._partial is not None and self._partial.seq.request is request:
+            self._partial = None
         del self._requests[request.work.request_id]
         return request.work.request_id, error
 
@@ -209,6 +223,7 @@ class Sampler:
         self._requests.clear()
         self._waiting.clear()
         self._resume.clear()
+        self._partial = None
         self._running = []
 
     # ---- prefill -------------------------------------------------------------------------
@@ -229,23 +244,34 @@ class Sampler:
 
         A sequence is admitted when its pages fit while leaving one free page per running
         sequence (each may need one for its next token); the queue head blocks the rest, so
-        admission stays FIFO. A forward takes about `MAX_PREFILL_TOKENS` (at least one item).
-        Fresh requests whose adapter version and prompt equal an item of this forward fork
-        from it instead of computing anything.
+        admission stays FIFO. A forward takes about `MAX_PREFILL_TOKENS`: a sequence with
+        more uncomputed tokens than that is prefilled in pieces, one per forward (the piece
+        in progress goes first). Fresh requests whose adapter version and prompt equal an item
+        of this forward fork from it instead of computing anything.
         """
         items: list[PrefillItem] = []
         aborted: list[SampleOutcome] = []
         parents: dict[tuple[str, tuple[int, ...]], PrefillItem] = {}
         budget = MAX_PREFILL_TOKENS
         reserve = len(self._running)
+        if self._partial is not None:
+            item, self._partial = self._partial.rest(), None
+            items.append(self._cut(item, budget))
+            if not items[-1].is_final:
+                return items, aborted
+            budget -= item.stop - item.start
+            reserve += item.seq.request.work.num_samples
         while self._resume and budget > 0:
             seq = self._resume[0]
             if not self.pool.try_allocate(seq, len(seq.tokens) - 1, 0, reserve):
                 return items, aborted
             self._resume.popleft()
-            items.append(PrefillItem(seq, seq.num_computed, first_scored=len(seq.tokens)))
-            budget -= len(seq.tokens) - seq.num_computed
+            items.append(self._cut(PrefillItem(seq, seq.num_computed,
+                                               first_scored=len(seq.tokens)), budget))
+            budget -= items[-1].stop - items[-1].start
             reserve += 1
+            if not items[-1].is_final:
+                return items, aborted
         while self._waiting and budget > 0:
             request = self._waiting[0]
             try:
@@ -266,47 +292,88 @@ class Sampler:
                                               reserve):
                     return items, aborted
                 self.pool.try_fork(seq, forks, 0)
-                item = PrefillItem(seq, seq.num_computed, list(forks), request.first_scored)
+                item = self._cut(PrefillItem(seq, seq.num_computed, list(forks),
+                                             request.first_scored), budget)
                 items.append(item)
                 parents.setdefault(group, item)
                 request.cache_hit_tokens = seq.num_computed
-                budget -= request.num_prompt - seq.num_computed
+                budget -= item.stop - item.start
             self._waiting.popleft()
             reserve += request.work.num_samples
+            if not items[-1].is_final:
+                break
         return items, aborted
 
+    def _cut(self, item: PrefillItem, budget: int) -> PrefillItem:
+        """``item`` as a piece of at most ``max(budget, MIN_PREFILL_PIECE)`` tokens when it has
+        more than `MAX_PREFILL_TOKENS` (it then stays in progress: `_partial`)."""
+        remaining = item.stop - item.start
+        if remaining <= MAX_PREFILL_TOKENS:
+            return item
+        item.end = item.start + max(budget, MIN_PREFILL_PIECE)
+        return item
+
     def _run_prefill(self, items: list[PrefillItem]) -> list[SampleOutcome]:
-        """One forward over the items' uncached tokens; score prompts; sample first tokens."""
+        """One forward over the items' pieces; score prompts window by window; sample the
+        first tokens of the items that reached their last token."""
         for it in items:
-            self.stats.prefill_tokens += len(it.seq.tokens) - it.start
-            self.stats.cached_tokens += it.start + len(it.forks) * len(it.seq.tokens)
+            self.stats.prefill_tokens += it.stop - it.start
+            if it.is_first_piece:
+                self.stats.cached_tokens += it.start
+            if it.is_final:
+                self.stats.cached_tokens += len(it.forks) * len(it.seq.tokens)
         self.pool.prepare_forward()
-        logits_N_V = prefill_logits(self._model, self._stacks, self.pool.kv, items)  # head rows
+        head_N_D = prefill_hidden(self._model, self._stacks, self.pool.kv, items)
         for it in items:
-            it.seq.num_computed = len(it.seq.tokens)
-            for seq in it.forks:
-                seq.num_computed = it.seq.num_computed
-        self.pool.copy_partial_pages([(it.seq, f) for it in items for f in it.forks])
+            it.seq.num_computed = it.stop
+            if it.is_final:
+                for seq in it.forks:
+                    seq.num_computed = it.seq.num_computed
+            else:
+                self._partial = it
+        self.pool.copy_partial_pages([(it.seq, f) for it in items if it.is_final
+                                      for f in it.forks])
+        sample_logits = self._score_and_sample_rows(items, head_N_D)
         finished: list[SampleOutcome] = []
         samplers: list[SampleSequence] = []
-        sample_rows: list[int] = []
-        offset = 0
-        for it in items:
-            num_head = len(it.head_positions)
-            if num_head > 1:
-                score_prompt(it, logits_N_V[offset:offset + num_head - 1])
+        rows: list[torch.Tensor] = []
+        for i, it in enumerate(items):
+            if not it.is_final:
+                continue
             for seq in [it.seq, *it.forks]:
                 if seq.request.max_new > 0:
                     samplers.append(seq)
-                    sample_rows.append(offset + num_head - 1)
+                    rows.append(sample_logits[i])
                 elif (outcome := self._finish(seq, "length")) is not None:
                     finished.append(outcome)
-            offset += num_head
         self._running.extend(samplers)
         if samplers:
-            rows = torch.tensor(sample_rows, device=logits_N_V.device)
-            finished += self._take_tokens(samplers, logits_N_V.index_select(0, rows))
+            finished += self._take_tokens(samplers, torch.stack(rows))
         return finished
+
+    def _score_and_sample_rows(self, items: list[PrefillItem], head_N_D: torch.Tensor
+                               ) -> dict[int, torch.Tensor]:
+        """Score the items' prompt positions, one head window at a time; the logits row each
+        final item samples from, by item index."""
+        firsts, offset = [], 0
+        for it in items:
+            firsts.append(offset)
+            offset += len(it.head_positions)
+        sample_logits: dict[int, torch.Tensor] = {}
+        for w0, logits_W_V in head_windows(self._model, self._stacks, items, head_N_D):
+            w1 = w0 + logits_W_V.shape[0]
+            for i, (it, first) in enumerate(zip(items, firsts, strict=True)):
+                lo, hi = max(first, w0), min(first + it.num_scored_rows, w1)
+                if lo < hi:
+                    positions = it.head_positions[lo - first:hi - first]
+                    targets = [it.seq.tokens[p + 1] for p in positions]
+                    request = it.seq.request
+                    request.add_prompt_scores(*score_rows(
+                        logits_W_V[lo - w0:hi - w0], targets, request.work.topk_prompt_logprobs))
+                last = first + len(it.head_positions) - 1
+                if it.is_final and w0 <= last < w1:
+                    sample_logits[i] = logits_W_V[last - w0].clone()
+        return sample_logits
 
     # ---- decode --------------------------------------------------------------------------
 

@@ -82,6 +82,8 @@ class SampleRequest:
         sequences: its samples, in sample order.
         prompt_logprobs, topk_prompt: filled by the prefill that scores the prompt.
         cache_hit_tokens: prompt tokens whose KV was not computed for this request.
+        scored, scored_topk: prompt scores gathered so far (a long prompt's are computed
+            window by window, over several prefill forwards).
     """
 
     work: SampleWork
@@ -93,6 +95,8 @@ class SampleRequest:
     prompt_logprobs: array | None = None
     topk_prompt: TopkLogprobs | None = None
     cache_hit_tokens: int = 0
+    scored: list[float] = field(default_factory=list)
+    scored_topk: list[tuple[list[int], list[float]]] = field(default_factory=list)
 
     @property
     def num_prompt(self) -> int:
@@ -111,6 +115,16 @@ class SampleRequest:
     @property
     def is_finished(self) -> bool:
         return all(s.stop_reason is not None for s in self.sequences)
+
+    def add_prompt_scores(self, logprobs: list[float],
+                          topk: list[tuple[list[int], list[float]]]) -> None:
+        """Scores of the next scored prompt positions (a prefill window's share); the last
+        ones complete `prompt_logprobs` / `topk_prompt`."""
+        self.scored += logprobs
+        self.scored_topk += topk
+        if len(self.scored) == self.num_prompt - self.first_scored:
+            self.set_prompt_scores(self.scored, self.scored_topk)
+            self.scored, self.scored_topk = [], []
 
     def set_prompt_scores(self, logprobs: list[float], topk: list[tuple[list[int], list[float]]]
                           ) -> None:

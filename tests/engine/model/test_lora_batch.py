@@ -28,8 +28,9 @@ def _batch() -> tuple[LoraBatch, list[torch.Tensor]]:
         leaves += [a, b]
     ends = torch.tensor(SEGMENTS).cumsum(0)
     rows = LoraRows(("x", "y", "z"), int(ends[-1]), tuple(ends.tolist()))
-    scale_P_1 = torch.repeat_interleave(torch.tensor([2.0, 0.5, 1.0]), torch.tensor(SEGMENTS))
-    return LoraBatch(rows, ends.to(torch.int32), scale_P_1[:, None], targets,
+    scale_S = torch.tensor([2.0, 0.5, 1.0])
+    scale_P_1 = torch.repeat_interleave(scale_S, torch.tensor(SEGMENTS))
+    return LoraBatch(rows, ends.to(torch.int32), scale_P_1[:, None], scale_S, targets,
                      fuse_a(targets)), leaves
 
 

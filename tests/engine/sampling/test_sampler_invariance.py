@@ -102,3 +102,37 @@ def test_fast_mode_is_close_to_the_training_forward(rig: Rig) -> None:
     for seq in result.sequences:
         full = rig.training_logprobs(prompt + list(seq.tokens), "a")[len(prompt) - 1:]
         assert torch.allclose(torch.tensor(list(seq.logprobs)), full, atol=1e-4)
+
+
+def test_a_long_prompt_prefilled_in_pieces_scores_as_the_training_forward(
+        rig: Rig, monkeypatch) -> None:
+    """A prompt longer than a prefill forward's budget runs in pieces, its head rows in
+    windows; its prompt logprobs (and top-2), first tokens and completions are the training
+    forward's bits, beside a short request of the same step."""
+    from loraplex.engine.sampling import prefill, sampler
+
+    monkeypatch.setattr(sampler, "MAX_PREFILL_TOKENS", 256)
+    monkeypatch.setattr(sampler, "MIN_PREFILL_PIECE", 64)
+    monkeypatch.setattr(prefill, "rows_per_window", lambda *_: 96)
+    gen = torch.Generator().manual_seed(5)
+    long_prompt = random_tokens(gen, 900)
+    works = [work("short", random_tokens(gen, 40), "b", max_tokens=6, seed=2, stop=NO_STOP),
+             work("long", long_prompt, "a", num_samples=2, max_tokens=6, seed=3, stop=NO_STOP,
+                  prompt_logprobs=True, topk_prompt_logprobs=2)]
+    s = rig.sampler()
+    results = run(s, works)
+    assert s.stats.prefill_tokens == 940  # 40 + the long prompt once, in four pieces
+    long = ok(results["long"])
+    expected = rig.training_logprobs(long_prompt, "a")
+    assert long.prompt_logprobs is not None and long.topk_prompt_logprobs is not None
+    assert torch.equal(torch.tensor(list(long.prompt_logprobs))[1:], expected)
+    batch = rig.model.pack([SequenceInput(long_prompt, "a")])
+    lora = rig.bank.stack(batch, rank_multiple=rig.model.rank_multiple, dtype=rig.model.dtype)
+    with torch.no_grad():
+        logits = rig.model.logits(rig.model.forward(batch, lora), lora)
+    top = torch.log_softmax(logits.float(), -1)[:len(long_prompt) - 1].topk(2, dim=-1)
+    assert list(long.topk_prompt_logprobs.logprobs)[2:] == top.values.flatten().tolist()
+    assert list(long.topk_prompt_logprobs.token_ids)[2:] == top.indices.flatten().tolist()
+    for seq in long.sequences:
+        full = rig.training_logprobs(long_prompt + list(seq.tokens), "a")
+        assert torch.equal(torch.tensor(list(seq.logprobs)), full[len(long_prompt) - 1:])
