@@ -325,16 +325,24 @@ class ClusterConfig:
         ray_address: join this running Ray cluster (``ray start --head`` on one host,
             ``ray start --address=...`` on the others) instead of starting one.
         worker_resources: one worker's Ray bundle, ``NAME=AMOUNT[,...]`` (``CPU=1``,
-            ``GPU=1``, custom resources).
+            ``GPU=1``, custom resources); with ``model_parallel`` N, one rank's (a group
+            asks for N such bundles, packed on one node).
+        model_parallel: ranks per engine worker: N > 1 makes each worker a group of N
+            processes that together hold one copy of the base model as pipeline stages
+            (torch.distributed, gloo on CPU and NCCL on CUDA): Ray actors when Ray is used,
+            else child processes of the server (``workers`` 0 then means one group).
     """
 
     workers: int = 0
     ray_address: str | None = None
     worker_resources: str = "CPU=1"
+    model_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise user_error("workers", f"must be ≥ 0, got {self.workers}")
+        if self.model_parallel < 1:
+            raise user_error("model_parallel", f"must be ≥ 1, got {self.model_parallel}")
 
     @property
     def uses_ray(self) -> bool:

@@ -54,6 +54,7 @@ FLAG_KEYS: dict[str, str] = {
     "ray_address": "cluster.ray_address",
     "worker_resources": "cluster.worker_resources",
     "adapter_memory_budget": "engine.adapter_memory_budget",
+    "model_parallel": "cluster.model_parallel",
 }
 """argparse dest → the config key its flag sets. Every flag defaults to None, meaning "not
 given", so a flag overrides the environment and the file only when it is on the command line."""
@@ -95,6 +96,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                         help="join a running Ray cluster (ray start --head ...) instead")
     parser.add_argument("--worker-resources", metavar="NAME=N[,...]",
                         help="one worker's Ray bundle, e.g. CPU=1 or GPU=1 (default CPU=1)")
+    parser.add_argument("--model-parallel", type=int, metavar="N",
+                        help="ranks per engine worker: each worker becomes N processes that "
+                             "hold one copy of the model as pipeline stages (with --workers "
+                             "M: M such groups on Ray; without: one group of local processes)")
     parser.add_argument("--adapter-memory-budget", type=int, metavar="BYTES",
                         help="adapter state (LoRA + grads + Adam moments) a worker keeps on "
                              "its device; idle adapters page out to host memory, then disk")
@@ -148,12 +153,18 @@ def prepare(config: LoraplexConfig) -> ServerContext:
 
 
 def executors_of(config: LoraplexConfig) -> Callable[[str], BatchExecutor | WorkerGroup]:
-    """Model directory → its engine: in this process, or ``cluster.workers`` Ray actors.
-    Ray is imported only in the second case. Paged-out adapter state goes under the data dir
-    (``paged/``, scratch space) unless ``engine.page_dir`` says otherwise."""
+    """Model directory → its engine: in this process, ``cluster.workers`` Ray actors (or
+    groups of ``cluster.model_parallel`` actors), or one group of local rank processes
+    (``--model-parallel`` without Ray). Ray is imported only when asked for. Paged-out
+    adapter state goes under the data dir (``paged/``, scratch space) unless
+    ``engine.page_dir`` says otherwise."""
     engine = config.engine
     if engine.page_dir is None and engine.adapter_memory_budget is not None:
         engine = replace(engine, page_dir=os.path.join(config.server.data_dir, "paged"))
+    if not config.cluster.uses_ray and config.cluster.model_parallel > 1:
+        from loraplex.cluster.local_groups import LocalGroups
+
+        return LocalGroups(engine, config.cluster.model_parallel).group
     if not config.cluster.uses_ray:
         from loraplex.engine.executor import Engine
 

@@ -12,17 +12,20 @@ the data dir at the same paths (the workers read models and write checkpoints th
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from loraplex.cluster.local_groups import group_store, start_group
+from loraplex.cluster.model_parallel import ModelParallelGroup, RankHandle
 from loraplex.cluster.remote_executor import RemoteExecutor
-from loraplex.cluster.worker import EngineWorker
+from loraplex.cluster.worker import EngineWorker, GroupMember
 from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
 from loraplex.engine.host_allocator import SINGLE_ARENA_ENV
 from loraplex.errors import user_error
+from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.lanes import WorkerGroup
 
 log = logging.getLogger("loraplex.cluster")
@@ -87,22 +90,69 @@ class RayWorkers:
                                       range(self.cluster.workers)))
         return WorkerGroup(list(executors), spawn=lambda: self.spawn(model_dir))
 
-    def spawn(self, model_dir: str) -> RemoteExecutor:
-        """One more worker of ``model_dir``; blocks until it has loaded the model."""
-        options: dict[str, Any] = dict(
-            num_cpus=self.bundle.num_cpus, num_gpus=self.bundle.num_gpus,
-            resources=dict(self.bundle.custom), max_concurrency=self._concurrency,
-            max_restarts=0, scheduling_strategy="SPREAD")
-        if self.engine.retain_host_memory:  # Ray's threads run before the engine's constructor
-            options["runtime_env"] = {"env_vars": dict(SINGLE_ARENA_ENV)}
-        remote: Any = ray.remote(EngineWorker)  # Ray's actor class (untyped)
-        actor = remote.options(**options).remote(model_dir, self.engine,
-                                                 int(self.bundle.num_cpus) or 1)
-        info, pid, node_id = ray.get(actor.ready.remote())
+    def spawn(self, model_dir: str) -> BatchExecutor:
+        """One more worker of ``model_dir`` (a group of ``model_parallel`` ranks); blocks
+        until it has loaded the model."""
+        if self.cluster.model_parallel > 1:
+            return self.spawn_group(model_dir)
+        actor = self._actor(model_dir, "SPREAD")
+        info, pid, node_id, _ = ray.get(actor.ready.remote())
         name = f"pid {pid}"
         log.info("engine worker %s up on node %s (%s)", name, node_id[:8], model_dir)
         return RemoteExecutor(name, actor, info, pid, node_id)
 
+    def spawn_group(self, model_dir: str) -> ModelParallelGroup:
+        """``model_parallel`` rank actors, one per bundle of a ``STRICT_PACK`` placement
+        group (the group's ranks share a node and its fast links); they rendezvous at a
+        store this process holds."""
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        world = self.cluster.model_parallel
+        bundle = {"CPU": self.bundle.num_cpus, "GPU": self.bundle.num_gpus,
+                  **dict(self.bundle.custom)}
+        pg = placement_group([{k: v for k, v in bundle.items() if v}] * world,
+                             strategy="STRICT_PACK")
+        ray.get(pg.ready())
+        store = group_store(ray.util.get_node_ip_address(), world)
+        device = "cuda:0" if self.bundle.num_gpus else "cpu"  # Ray shows each actor its GPU
+        ranks: list[RankHandle] = []
+        for rank in range(world):
+            member = GroupMember(rank, world, ray.util.get_node_ip_address(), store.port,
+                                 device)
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=rank)
+            ranks.append(RayRank(f"rank {rank}", self._actor(model_dir, strategy, member)))
+        return start_group(ranks, model_dir, store, lambda: remove_placement_group(pg))
+
+    def _actor(self, model_dir: str, strategy: Any, member: GroupMember | None = None) -> Any:
+        """An `EngineWorker` actor of one bundle (created; its constructor runs in Ray)."""
+        options: dict[str, Any] = dict(
+            num_cpus=self.bundle.num_cpus, num_gpus=self.bundle.num_gpus,
+            resources=dict(self.bundle.custom), max_concurrency=self._concurrency,
+            max_restarts=0, scheduling_strategy=strategy)
+        if self.engine.retain_host_memory:  # Ray's threads run before the engine's constructor
+            options["runtime_env"] = {"env_vars": dict(SINGLE_ARENA_ENV)}
+        remote: Any = ray.remote(EngineWorker)  # Ray's actor class (untyped)
+        return remote.options(**options).remote(model_dir, self.engine,
+                                                int(self.bundle.num_cpus) or 1, member)
+
     def shutdown(self) -> None:
         if ray.is_initialized() and not self.cluster.ray_address:
             ray.shutdown()
+
+
+class RayRank:
+    """A rank actor as a `RankHandle`: each call a Ray task whose future the group waits on
+    (a dead actor's fails, and the group is lost)."""
+
+    def __init__(self, name: str, actor: Any) -> None:
+        self.name = name
+        self.actor = actor
+
+    def submit(self, method: str, *args: Any) -> Future[Any]:
+        future: Future[Any] = getattr(self.actor, method).remote(*args).future()
+        return future
+
+    def kill(self) -> None:
+        ray.kill(self.actor, no_restart=True)

@@ -5,17 +5,20 @@ Errors cross the process boundary as values (`Raised`), so the server re-raises 
 error itself, never a Ray wrapper carrying the worker's traceback. A checkpoint read for an
 install stays in the worker: `read_checkpoint` returns a `PreparedHandle` naming it, and
 `install_adapter` takes the handle back (the tensors never travel). The actor runs its IO calls
-(saves, reads) on threads beside its compute calls, as the protocol allows.
+(saves, reads) on threads beside its compute calls, as the protocol allows. In a
+model-parallel group (`GroupMember`) it is one rank: it joins the group's process group and
+serves one pipeline stage (`cluster.model_parallel`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
@@ -31,6 +34,10 @@ from loraplex.domain.results import (
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.errors import LoraplexError
+
+if TYPE_CHECKING:
+    from loraplex.engine.group_checkpoint import AdapterShare
+    from loraplex.engine.model.stage_pipe import StagePipe
 
 T = TypeVar("T")
 
@@ -50,31 +57,58 @@ class PreparedHandle:
     config: LoraConfig
 
 
+@dataclass(frozen=True)
+class GroupMember:
+    """A worker's place in a model-parallel group: rank ``rank`` of ``world`` (its pipeline
+    stage), rendezvous at the group's TCP store (held by the server), on ``device``
+    (``cpu``, or the CUDA device this rank drives)."""
+
+    rank: int
+    world: int
+    store_host: str
+    store_port: int
+    device: str = "cpu"
+    timeout_s: float = 1800.0
+
+
 class EngineWorker:
-    """One engine (made in the actor's process) and its protocol methods.
+    """One engine (made in the actor's or the rank process's own process) and its protocol
+    methods.
 
     Args:
         model_dir: the base model (the same path on every host).
         config: the engine slice; ``num_threads`` None uses the actor's CPUs.
+        member: its place in a model-parallel group (None: a whole model of its own). The
+            constructor then joins the group's process group (returning once every rank
+            has), and loads only its stage.
     """
 
-    def __init__(self, model_dir: str, config: EngineConfig, num_cpus: int) -> None:
+    def __init__(self, model_dir: str, config: EngineConfig, num_cpus: int,
+                 member: GroupMember | None = None) -> None:
         from dataclasses import replace
 
         from loraplex.engine.executor import Engine
 
         if config.num_threads is None:
             config = replace(config, num_threads=max(1, num_cpus))
-        self._engine = Engine(model_dir, config)
+        pipe = None if member is None else _join_group(model_dir, config, member)
+        self._engine = Engine(model_dir, config, pipe)
         self._prepared: dict[str, PreparedAdapter] = {}
         self._lock = threading.Lock()
 
-    def ready(self) -> tuple[ModelInfo, int, str]:
-        """The model's facts, this process's pid and its Ray node (the worker is up once this
-        answers)."""
-        import ray
+    def ready(self) -> tuple[ModelInfo, int, str, int]:
+        """The model's facts, this process's pid, its Ray node ("" outside Ray) and the bytes
+        of base weights it holds (packed copies included): the worker is up once this
+        answers."""
+        node = ""
+        if "ray" in sys.modules:
+            import ray
 
-        return self._engine.model_info(), os.getpid(), ray.get_runtime_context().get_node_id()
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
+        model = self._engine.model
+        return (self._engine.model_info(), os.getpid(), node,
+                model.weights.nbytes() + model.packed_bytes())
 
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> Raised | None:
         return _value(lambda: self._engine.create_adapter(adapter_id, config))
@@ -90,6 +124,9 @@ class EngineWorker:
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
         return self._engine.optim_step(works)
+
+    def adapter_share(self, adapter_id: str, with_optimizer: bool) -> AdapterShare | Raised:
+        return _value(lambda: self._engine.adapter_share(adapter_id, with_optimizer))
 
     def save_adapter(self, work: SaveWork) -> SaveResult | Raised:
         return _value(lambda: self._engine.save_adapter(work))
@@ -134,3 +171,25 @@ def _value(call: Callable[[], T]) -> T | Raised:
         return call()
     except LoraplexError as exc:
         return Raised(exc.detached())
+
+
+def _join_group(model_dir: str, config: EngineConfig, member: GroupMember) -> StagePipe:
+    """Join the group's process group (gloo on CPU, NCCL on CUDA) and this rank's stage."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from loraplex.engine.model.loader import model_stages
+    from loraplex.engine.model.stage_pipe import StagePipe
+
+    device = torch.device(member.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=member.timeout_s)
+    store = dist.TCPStore(member.store_host, member.store_port, member.world, is_master=False,
+                          timeout=timeout)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
+                            rank=member.rank, world_size=member.world, timeout=timeout)
+    stage = model_stages(model_dir, config, member.world)[member.rank]
+    return StagePipe(stage, None, device)

@@ -19,7 +19,9 @@ its parent fsynced), so a reader sees either nothing or the whole checkpoint. La
       adapter_config.json          only with ``peft_export``: see `peft_export`
       adapter_model.safetensors    only with ``peft_export``: see `peft_export`
 
-Values round-trip bit for bit. Knows nothing of training runs, tenants or the store's naming.
+Values round-trip bit for bit. A pipeline stage reads its rows of each tensor
+(`lora.stage_slices`); a model-parallel group joins its stages' rows before saving, so the
+files are the same as one device's. Knows nothing of training runs, tenants or the store's naming.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.lora import stage_slices
 from loraplex.engine.lora.adapter import LoraAdapter, LoraWeights
 from loraplex.engine.lora.targets import target_shape, targets_of
 from loraplex.engine.model.spec import ModelSpec
@@ -136,11 +139,14 @@ def load_checkpoint(directory: str, spec: ModelSpec, device: torch.device | str,
             tensors that do not fit.
     """
     manifest = read_manifest(directory)
-    check_base_model(manifest, spec)
+    check_base_model(manifest, spec.whole_spec)
     config = LoraConfig(**manifest["lora_config"])
     if expect_config is not None:
         check_config(config, expect_config)
     tensors = read_safetensors(os.path.join(directory, WEIGHTS), device)
+    if spec.stage is not None:  # a pipeline stage: the whole file checked, its rows kept
+        adapter_from_tensors(spec.whole_spec, config, tensors, trainable=False)
+        tensors = stage_slices.cut(spec, config, tensors)
     adapter = adapter_from_tensors(spec, config, tensors, trainable)
     optimizer = None
     if with_optimizer:
@@ -148,9 +154,10 @@ def load_checkpoint(directory: str, spec: ModelSpec, device: torch.device | str,
             raise user_error("path", "the checkpoint has no optimizer state (it was saved "
                              "with weights only)")
         named = adapter.named_parameters()
-        optimizer = AdamWState.from_state_dict(read_safetensors(
-            os.path.join(directory, OPTIMIZER), device), [n for n, _ in named],
-            [p for _, p in named])
+        state = stage_slices.cut(spec, config, read_safetensors(
+            os.path.join(directory, OPTIMIZER), device))
+        optimizer = AdamWState.from_state_dict(state, [n for n, _ in named],
+                                               [p for _, p in named])
     return LoadedAdapter(adapter, optimizer)
 
 

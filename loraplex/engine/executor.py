@@ -34,10 +34,12 @@ from loraplex.domain.results import (
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
+from loraplex.engine.group_checkpoint import AdapterShare
 from loraplex.engine.host_allocator import release_freed_memory, retain_freed_memory
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
+from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.optim.adamw_state import AdamWState
 from loraplex.engine.paging.memory_stats import MemoryStats
 from loraplex.engine.paging.pager import AdapterPager
@@ -58,18 +60,23 @@ class Engine:
             first use).
     """
 
-    def __init__(self, model_dir: str, config: EngineConfig) -> None:
+    def __init__(self, model_dir: str, config: EngineConfig, pipe: StagePipe | None = None
+                 ) -> None:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         if config.retain_host_memory:
             retain_freed_memory()
         self.model_dir = os.path.abspath(model_dir)
+        self.pipe = pipe
+        stage = None if pipe is None else pipe.stage
         # Loading runs parallel ops: on a passing thread, so that the thread that computes
         # stays the process's only OpenMP team (see `domain.passing_thread`).
-        self.model = in_passing_thread(lambda: load_model(self.model_dir, config), "loraplex-load")
+        self.model = in_passing_thread(
+            lambda: load_model(self.model_dir, config, stage, None if pipe is None
+                               else pipe.device), "loraplex-load")
         self.bank = AdapterBank(self.model.spec, self.model.device, config.max_lora_rank)
         self._info = self.model.model_info(config.max_context)
-        self.trainer = Trainer(self.model, self.bank, self._info.max_context)
+        self.trainer = Trainer(self.model, self.bank, self._info.max_context, pipe)
         self.pager = AdapterPager(self.bank, self.trainer, budget=config.adapter_memory_budget,
                                   host_budget=config.host_memory_budget,
                                   page_dir=config.page_dir)
@@ -180,6 +187,19 @@ class Engine:
                                    peft if work.peft_export else None)
         return SaveResult(size)
 
+    def adapter_share(self, adapter_id: str, with_optimizer: bool) -> AdapterShare:
+        """This engine's tensors of an adapter (a pipeline stage's rows: `group_checkpoint`),
+        CPU copies; like `save_adapter`, without paging anything and on any thread."""
+        with self.pager.reading(adapter_id) as (adapter, state):
+            weights = {n: p.detach().to("cpu", copy=True) for n, p in adapter.named_parameters()}
+            optimizer = None
+            if with_optimizer and is_trainable(adapter):
+                if state is None:  # no step yet: zero moments
+                    named = adapter.named_parameters()
+                    state = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+                optimizer = state.state_dict()
+        return AdapterShare(adapter.config, weights, optimizer)
+
     def read_checkpoint(self, work: LoadWork) -> LoadedAdapter:
         """Read and check a checkpoint (frozen for a sampler, else a training adapter with
         its optimizer state when asked). Touches no resident adapter, so it may run on an IO
@@ -242,7 +262,8 @@ class Engine:
     def sampler(self) -> Sampler:
         """The sampler, created (with its KV cache) the first time sampling is used."""
         if self._sampler is None:
-            self._sampler = Sampler(self.model, self.bank, self._config, self.model_dir)
+            self._sampler = Sampler(self.model, self.bank, self._config, self.model_dir,
+                                    self.pipe)
         return self._sampler
 
     def _with_loaded_adapters(self, works: Sequence[SampleWork]

@@ -37,6 +37,7 @@ from loraplex.engine.losses.validation import ValidatedLoss, resolve_config, val
 from loraplex.engine.model import head_chunks
 from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import SequenceInput
+from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.optim.adamw import adamw_step
 from loraplex.engine.optim.adamw_state import AdamWState
@@ -91,10 +92,12 @@ class Trainer:
     adapters' own ``.grad`` until their optim_step frees them.
     """
 
-    def __init__(self, model: Transformer, bank: AdapterBank, max_context: int) -> None:
+    def __init__(self, model: Transformer, bank: AdapterBank, max_context: int,
+                 pipe: StagePipe | None = None) -> None:
         self.model = model
         self.bank = bank
         self.max_context = max_context
+        self.pipe = pipe
         self._optimizers: dict[str, AdamWState] = {}
 
     # ---- forward / backward ----------------------------------------------------------------
@@ -149,7 +152,9 @@ class Trainer:
         return loss.to(self.model.device)
 
     def _run(self, prepared: Sequence[_Prepared]) -> list[FwdBwdOutcome]:
-        """The algorithm: pack → forward → per-work losses → backward → results."""
+        """The algorithm: pack → forward → per-work losses → backward → results (on a
+        pipeline stage before the last: pack → its layers → the backward of what the last
+        stage trained; its results are placeholders, the last stage's count)."""
         seqs = [SequenceInput(d.tokens.tolist(), p.work.adapter_id)
                 for p in prepared for d in p.work.data]
         any_training = any(p.is_training for p in prepared)
@@ -159,60 +164,90 @@ class Trainer:
             batch = self.model.pack(seqs)
             lora = self.bank.stack(batch, rank_multiple=self.model.rank_multiple,
                                    dtype=self.model.dtype)
-            hidden_R_D = self.model.forward(batch, lora)
+            if self.pipe is None:
+                x_in, hidden_R_D = None, self.model.forward(batch, lora)
+            else:
+                x_in, hidden_R_D = self.pipe.run_layers(self.model, batch, lora,
+                                                        train=any_training)
+                if not self.pipe.is_last:
+                    self._inner_stage_backward(x_in, hidden_R_D, any_training)
+                    return [ForwardBackwardResult((), (), {}) for _ in prepared]
             logprobs = target_logprobs(self.model, prepared, hidden_R_D, lora,
                                        batch.row_index())
             failed: dict[int, LoraplexError] = {}
             losses = [_compute(k, p, lp, failed)
                       for k, (p, lp) in enumerate(zip(prepared, logprobs, strict=True))]
-        computed = [k for k in range(len(prepared)) if k not in failed]
-        is_finite = torch.stack([losses[k].loss.detach().isfinite() for k in computed]).tolist() \
-            if computed else []
-        for k, finite in zip(computed, is_finite, strict=True):
-            if not finite:
-                failed[k] = user_error("loss_fn", f"the {prepared[k].work.loss_fn} loss is "
-                                       f"{losses[k].loss.item()} (e.g. overflowing importance "
-                                       "ratios); no gradients were applied")
-        trained = [k for k, p in enumerate(prepared) if p.is_training and k not in failed]
-        if trained:
-            bad = self._backward([losses[k].loss for k in trained],
-                                 {prepared[k].work.adapter_id for k in trained})
-            for k in trained:
-                if prepared[k].work.adapter_id in bad:
-                    failed[k] = user_error("loss_fn", "non-finite gradients; this batch's "
-                                           "gradients were discarded, the adapter is unchanged")
+            computed = [k for k in range(len(prepared)) if k not in failed]
+            is_finite = torch.stack([losses[k].loss.detach().isfinite()
+                                     for k in computed]).tolist() if computed else []
+            for k, finite in zip(computed, is_finite, strict=True):
+                if not finite:
+                    failed[k] = user_error("loss_fn", f"the {prepared[k].work.loss_fn} loss is "
+                                           f"{losses[k].loss.item()} (e.g. overflowing "
+                                           "importance ratios); no gradients were applied")
+            trained = [k for k, p in enumerate(prepared) if p.is_training and k not in failed]
+            adapter_ids = sorted({prepared[k].work.adapter_id for k in trained})
+            if self.pipe is not None and any_training:
+                self.pipe.from_last(adapter_ids)
+            if trained:
+                bad = self._backward([torch.stack([losses[k].loss for k in trained]).sum()],
+                                     None, adapter_ids, x_in)
+                for k in trained:
+                    if prepared[k].work.adapter_id in bad:
+                        failed[k] = user_error("loss_fn", "non-finite gradients; this "
+                                               "batch's gradients were discarded, the "
+                                               "adapter is unchanged")
         return [failed.get(k) or self._result(p, logprobs[k], losses[k])
                 for k, p in enumerate(prepared)]
 
-    def _backward(self, losses: Sequence[torch.Tensor], adapter_ids: set[str]) -> set[str]:
-        """Backpropagate ``Σ losses`` into the given adapters only; return those whose new
-        gradients are not finite (their earlier gradients are restored, the new ones dropped).
+    def _inner_stage_backward(self, x_in: torch.Tensor | None, hidden_R_D: torch.Tensor,
+                              any_training: bool) -> None:
+        """A stage before the last: backpropagate the gradient of its output into the
+        adapters the last stage trained (it says which), and send its input's on."""
+        assert self.pipe is not None
+        adapter_ids = self.pipe.from_last() if any_training else []
+        if adapter_ids:
+            self._backward([hidden_R_D], [self.pipe.receive_grad(hidden_R_D)], adapter_ids,
+                           x_in)
+
+    def _backward(self, roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor] | None,
+                  adapter_ids: Sequence[str], x_in: torch.Tensor | None) -> set[str]:
+        """Backpropagate from ``roots`` into the given adapters only; return those whose new
+        gradients are not finite (on any pipeline stage: every stage then restores their
+        earlier gradients and drops the new ones).
 
         New gradients are computed into empty ``.grad`` slots and then added to the earlier
         ones: ``old + new`` is what autograd's own accumulation computes, bit for bit.
         """
-        params = {a: self.bank.get(a).parameters() for a in sorted(adapter_ids)}
+        params = {a: self.bank.get(a).parameters() for a in adapter_ids}
         earlier = {a: [p.grad for p in ps] for a, ps in params.items()}
         for ps in params.values():
             for p in ps:
                 p.grad = None
+        inputs = [p for ps in params.values() for p in ps]
+        if x_in is not None and x_in.requires_grad:
+            inputs.append(x_in)
         try:
-            torch.stack(list(losses)).sum().backward(
-                inputs=[p for ps in params.values() for p in ps])
+            if inputs:
+                torch.autograd.backward(list(roots), root_grads, inputs=inputs)
         except BaseException:  # a bug: leave every adapter as it was before this batch
             for a, ps in params.items():
                 for p, old in zip(ps, earlier[a], strict=True):
                     p.grad = old
             raise
-        bad = set()
+        new = {a: [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
+               for a, ps in params.items()}
+        bad = {a for a, gs in new.items() if gs and not torch.stack(
+            torch._foreach_norm(gs)).isfinite().all()}
+        if self.pipe is not None:
+            self.pipe.send_grad(x_in)
+            bad = set().union(*self.pipe.gather(sorted(bad)))
         for a, ps in params.items():
-            new = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
-            if not torch.stack(torch._foreach_norm(new)).isfinite().all():
-                bad.add(a)
+            if a in bad:
                 for p, old in zip(ps, earlier[a], strict=True):
                     p.grad = old
                 continue
-            for p, g, old in zip(ps, new, earlier[a], strict=True):
+            for p, g, old in zip(ps, new[a], earlier[a], strict=True):
                 p.grad = g if old is None else g.add_(old)
         return bad
 
@@ -253,21 +288,36 @@ class Trainer:
         adam = work.adam.validate()
         named = adapter.named_parameters()
         grads = [p.grad for _, p in named]
-        if all(g is None for g in grads):
-            return OptimStepResult({"grad_norm:mean": 0.0, "learning_rate:mean":
-                                    adam.learning_rate})
         params = [p for _, p in named]
         # Every leaf of a trained adapter is in the graph, so its grads exist together; a
         # missing one would count as zero.
         full = [g if g is not None else torch.zeros_like(p) for p, g in zip(params, grads,
                                                                            strict=True)]
+        has_grads = any(g is not None for g in grads)
+        total_norm = None
+        if self.pipe is not None:  # the step and the norm are the whole adapter's
+            has_grads, total_norm = self._group_norm(full, has_grads)
+        if not has_grads:
+            return OptimStepResult({"grad_norm:mean": 0.0, "learning_rate:mean":
+                                    adam.learning_rate})
         state = self.optimizer_state(work.adapter_id, create=True)
         assert state is not None
         try:
-            metrics = adamw_step(params, full, state, adam)
+            metrics = adamw_step(params, full, state, adam, total_norm=total_norm)
         finally:
             adapter.free_grads()  # also after a non-finite norm: those gradients are unusable
         return OptimStepResult(metrics)
+
+    def _group_norm(self, grads: list[torch.Tensor], has_grads: bool
+                    ) -> tuple[bool, torch.Tensor]:
+        """Whether any stage holds gradients of the adapter, and its global L2 norm: the norm
+        of every stage's per-tensor norms (a stage holds its layers' rows of each tensor, so
+        this equals one device's norm up to rounding, not bit for bit)."""
+        assert self.pipe is not None
+        local = [float(n) for n in torch._foreach_norm(grads)] if has_grads and grads else []
+        shares = self.pipe.gather((has_grads, local))
+        norms = torch.tensor([n for _, ns in shares for n in ns], dtype=torch.float32)
+        return any(h for h, _ in shares), torch.linalg.vector_norm(norms)
 
     def optimizer_state(self, adapter_id: str, create: bool = False) -> AdamWState | None:
         """The adapter's AdamW state (zeros, created now when ``create``), or None."""

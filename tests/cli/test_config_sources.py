@@ -142,7 +142,7 @@ def test_unknown_env_variables_name_the_variable_and_the_valid_ones(variable: st
 
 def test_bad_types_name_the_source_the_key_and_the_type(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"^env LORAPLEX_ENGINE_KV_CACHE_BLOCKS: "
-                                        r"engine\.kv_cache_blocks: .*'lots' \(type int\)"):
+                                        r"engine\.kv_cache_blocks: .*'lots' \(type int \| None\)"):
         load_config(environ={"LORAPLEX_ENGINE_KV_CACHE_BLOCKS": "lots"})
     with pytest.raises(UserError, match=r"scheduler\.timeslice: expected one of true/false"):
         load_config(environ={"LORAPLEX_SCHEDULER_TIMESLICE": "maybe"})
@@ -151,7 +151,8 @@ def test_bad_types_name_the_source_the_key_and_the_type(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"server\.models: item 1: expected NAME=SOURCE"):
         load_config(environ={"LORAPLEX_SERVER_MODELS": "a=b,oops"})
     path = _file(tmp_path, '[engine]\nkv_cache_blocks = "8"\n')  # TOML is typed: no strings
-    with pytest.raises(UserError, match=rf"^file {path}: engine\.kv_cache_blocks: .*\(type int\)"):
+    with pytest.raises(UserError,
+                       match=rf"^file {path}: engine\.kv_cache_blocks: .*\(type int \| None\)"):
         load_config(path, environ={})
     path = _file(tmp_path, "[engine]\nbatch_invariant = 1\n")
     with pytest.raises(UserError, match=r"engine\.batch_invariant: expected bool"):

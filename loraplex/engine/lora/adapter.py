@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.domain.lora import LoraConfig
+from loraplex.engine.lora.stage_slices import stage_rows
 from loraplex.engine.lora.targets import peft_key, target_shape, targets_of
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.errors import user_error
@@ -45,7 +46,8 @@ class LoraAdapter:
     @staticmethod
     def create(spec: ModelSpec, config: LoraConfig, device: torch.device | str = "cpu"
                ) -> LoraAdapter:
-        """A fresh adapter: A ~ U(±1/√d_in) (PEFT's kaiming-uniform), B = 0.
+        """A fresh adapter: A ~ U(±1/√d_in) (PEFT's kaiming-uniform), B = 0 (a pipeline
+        stage's: its rows of the whole model's adapter of that seed).
 
         A is drawn on CPU from a generator seeded with ``config.seed`` (random when None),
         target by target and layer by layer, so the same seed gives the same adapter on any
@@ -54,11 +56,18 @@ class LoraAdapter:
         seed = config.seed if config.seed is not None else secrets.randbits(63)
         gen = torch.Generator().manual_seed(seed)
         weights = {}
-        for target in targets_of(config, spec):
-            shape = target_shape(spec, target)
+        whole = spec.whole_spec  # a pipeline stage draws the whole init and keeps its rows
+        mine = targets_of(config, spec)
+        for target in targets_of(config, whole):
+            shape = target_shape(whole, target)
             bound = 1.0 / shape.d_in ** 0.5
             a = torch.empty(shape.a_shape(config.rank))
             a.uniform_(-bound, bound, generator=gen)  # in place: no temporaries left behind
+            if target not in mine:
+                continue
+            if spec.stage is not None:
+                a = a[stage_rows(spec, target)].clone()
+            shape = target_shape(spec, target)
             weights[target] = LoraWeights(
                 a.to(device).requires_grad_(),
                 torch.zeros(shape.b_shape(config.rank), device=device).requires_grad_(),

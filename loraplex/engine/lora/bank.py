@@ -95,4 +95,5 @@ class AdapterBank:
             return None
         adapters = [self.get(a) for a in batch.lora_rows.adapter_ids]
         return stack_adapters(self.spec, adapters, batch.lora_rows,
-                              rank_multiple=rank_multiple, dtype=dtype, reuse=reuse)
+                              rank_multiple=rank_multiple, dtype=dtype, reuse=reuse,
+                              device=self.device)

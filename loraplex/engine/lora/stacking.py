@@ -26,7 +26,8 @@ from loraplex.engine.model.spec import ModelSpec
 
 def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraRows, *,
                    rank_multiple: int, dtype: torch.dtype,
-                   reuse: LoraBatch | None = None) -> LoraBatch:
+                   reuse: LoraBatch | None = None,
+                   device: torch.device | None = None) -> LoraBatch:
     """Stack the segments' adapters (segment order) into a `LoraBatch`.
 
     Args:
@@ -38,8 +39,11 @@ def stack_adapters(spec: ModelSpec, adapters: Sequence[LoraAdapter], rows: LoraR
         reuse: an earlier `LoraBatch` of the same adapters, in the same order, whose weights
             have not changed since (a sampler's decode steps): its stacked tensors are reused
             and only the row layout is rebuilt.
+        device: where the stacks live (default: the first adapter tensor's device).
     """
-    device = adapters[0].parameters()[0].device
+    # A pipeline stage may hold no tensor of an adapter (one that trains the head only).
+    device = device or next((p.device for a in adapters for p in a.parameters()),
+                            torch.device("cpu"))
     if reuse is not None and reuse.rows.adapter_ids == rows.adapter_ids:
         targets, fused = dict(reuse.targets), dict(reuse.fused_a)
     else:

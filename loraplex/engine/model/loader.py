@@ -17,6 +17,7 @@ from loraplex.engine.model.checkpoint import load_weights
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
 from loraplex.engine.model.row_quantum import row_quantum
 from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.stage import Stage, plan_stages
 from loraplex.engine.model.transformer import RANK_MULTIPLE, ComputeOptions, Transformer
 from loraplex.errors import user_error
 
@@ -79,19 +80,50 @@ def inner_dims(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def load_model(model_dir: str | Path, config: EngineConfig | None = None) -> Transformer:
-    """Load a HF checkpoint directory (or a GGUF-backed one) as a frozen `Transformer`.
+def load_model(model_dir: str | Path, config: EngineConfig | None = None,
+               stage: Stage | None = None, device: torch.device | None = None) -> Transformer:
+    """Load a HF checkpoint directory (or a GGUF-backed one) as a frozen `Transformer`; with
+    ``stage``, only that pipeline stage's layers (and the vocabulary on the last stage) are
+    read.
 
     Raises:
         UserError: unsupported architecture, mismatching weights, unavailable device.
     """
     config = config or EngineConfig()
-    device = resolve_device(config.device)
+    device = device or resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     spec = ModelSpec.from_dir(model_dir)
+    if stage is not None:
+        spec = spec.sliced(stage)
     gguf_file = gguf_file_of(model_dir)
     if gguf_file is not None:  # a GGUF-backed directory: dequantise the file itself
         weights = load_gguf_weights(gguf_file, spec, device, dtype)
     else:
         weights = load_weights(model_dir, spec, device, dtype)
     return Transformer(spec, weights, compute_options(config, spec, device, dtype))
+
+
+def model_stages(model_dir: str | Path, config: EngineConfig, count: int) -> list[Stage]:
+    """``count`` pipeline stages of the model, balanced by the bytes each holds: its weights
+    in the compute dtype, plus the packed copies of the linears where the CPU's packed sgemm
+    will run them (`plan_stages`; the last stage also holds the embedding and head)."""
+    spec = ModelSpec.from_dir(model_dir)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    packed = config.native_kernels and device.type == "cpu" and dtype == torch.float32
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    linear_copies = 2 if packed else 1
+
+    def layer_bytes(i: int) -> int:
+        d, ff = spec.hidden_size, spec.intermediate_size
+        attn = 2 * d * spec.q_size + 2 * d * spec.kv_size
+        if spec.is_sparse(i):
+            assert spec.experts is not None
+            mlp = spec.experts.layer_params(d)  # grouped GEMMs: never packed
+            return itemsize * (linear_copies * attn + mlp)
+        return itemsize * linear_copies * (attn + 3 * d * ff)
+
+    table = spec.vocab_size * spec.hidden_size  # the head's copies, and an untied embedding
+    vocab = table * (linear_copies + (0 if spec.tie_word_embeddings else 1))
+    return plan_stages([layer_bytes(i) for i in range(spec.num_layers)], itemsize * vocab,
+                       count)

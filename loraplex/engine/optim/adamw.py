@@ -38,6 +38,7 @@ def adamw_step(
     state: AdamWState,
     adam: AdamParams,
     implementation: Implementation = "fused",
+    total_norm: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Update ``params`` in place from ``grads`` (clipped in place when clipping is on).
 
@@ -48,6 +49,8 @@ def adamw_step(
         state: the adapter's moments and step count, updated in place.
         adam: learning rate, betas, eps, decoupled weight decay, grad_clip_norm (0 = off).
         implementation: ``fused`` or ``foreach`` (see the module docstring).
+        total_norm: the gradients' global L2 norm when they are a share of the adapter's (a
+            pipeline stage's); None: computed here from ``grads``.
 
     Returns:
         ``grad_norm:mean`` (global L2 norm before clipping), ``learning_rate:mean``.
@@ -60,7 +63,8 @@ def adamw_step(
         raise ValueError("params, grads and state must list the same tensors")
     with torch.no_grad():
         grads = list(grads)
-        total_norm = torch.nn.utils.get_total_norm(grads)
+        if total_norm is None:
+            total_norm = torch.nn.utils.get_total_norm(grads)
         norm = float(total_norm)
         if not math.isfinite(norm):
             raise user_error(

@@ -21,6 +21,7 @@ import torch
 from loraplex.engine.model.head_chunks import rows_per_window
 from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.packed_batch import SequenceInput
+from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.lora_stacks import LoraStacks
 from loraplex.engine.sampling.sequence import SampleSequence
@@ -75,14 +76,22 @@ class PrefillItem:
 
 
 def prefill_hidden(model: Transformer, stacks: LoraStacks, kv: PagedKVCache,
-                   items: list[PrefillItem]) -> torch.Tensor:
+                   items: list[PrefillItem], pipe: StagePipe | None = None
+                   ) -> torch.Tensor | None:
     """Forward the items' pieces (writing their KV into ``kv``); the hidden states ``[N, D]``
-    of their `head_positions`, concatenated in item order."""
+    of their `head_positions`, concatenated in item order (None on a pipeline stage before
+    the last: it runs its layers and passes them on)."""
     batch = model.pack([SequenceInput(it.seq.tokens[it.start:it.stop],
                                       it.seq.request.work.adapter_id, it.start,
                                       it.seq.block_table) for it in items])
     with torch.no_grad():
-        hidden_R_D = model.forward(batch, stacks.for_batch(batch), kv)
+        lora = stacks.for_batch(batch)
+        if pipe is None:
+            hidden_R_D = model.forward(batch, lora, kv)
+        else:
+            hidden_R_D = pipe.run_layers(model, batch, lora, kv)[1]
+            if not pipe.is_last:
+                return None
     rows = [batch.seq_row_start[i] + p - it.start
             for i, it in enumerate(items) for p in it.head_positions]
     return hidden_R_D.index_select(0, torch.tensor(rows, dtype=torch.long,

@@ -20,6 +20,7 @@ import secrets
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,7 +29,9 @@ from loraplex.domain.results import SampleOutcome
 from loraplex.domain.sampling import StopReason
 from loraplex.domain.work import SampleWork
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.model.packed_batch import SequenceInput
+from loraplex.engine.model.lora_batch import LoraBatch
+from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput
+from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.kv_budget import kv_cache_blocks
 from loraplex.engine.sampling.kv_pool import KVPool
@@ -75,7 +78,7 @@ class Sampler:
     """The engine's sampling half: running requests, their KV pages, the prefix cache."""
 
     def __init__(self, model: Transformer, bank: AdapterBank, config: EngineConfig,
-                 model_dir: str) -> None:
+                 model_dir: str, pipe: StagePipe | None = None) -> None:
         """Args:
             model: the frozen base model (its compute options decide invariant vs fast mode).
             bank: resident adapters; sampled rows read their LoRA from here. The sampler never
@@ -83,9 +86,12 @@ class Sampler:
                 (`Engine.sample_step`), and a request whose adapter is not fails alone.
             config: the engine slice (kv_block_size, the KV cache's size, max_context).
             model_dir: the model directory; ``tokenizer.json`` there detokenizes stop strings.
+            pipe: a pipeline stage's links (None: one device). Every stage runs this same
+                bookkeeping; the last stage draws the tokens and broadcasts them.
         """
         self._model = model
         self._bank = bank
+        self._pipe = pipe
         block_size = model.options.kv_block_size
         num_blocks = kv_cache_blocks(config.kv_cache_blocks, config.kv_cache_memory, model.spec,
                                      len(model.weights.layers), block_size, model.device,
@@ -323,7 +329,7 @@ class Sampler:
             if it.is_final:
                 self.stats.cached_tokens += len(it.forks) * len(it.seq.tokens)
         self.pool.prepare_forward()
-        head_N_D = prefill_hidden(self._model, self._stacks, self.pool.kv, items)
+        head_N_D = prefill_hidden(self._model, self._stacks, self.pool.kv, items, self._pipe)
         for it in items:
             it.seq.num_computed = it.stop
             if it.is_final:
@@ -333,7 +339,8 @@ class Sampler:
                 self._partial = it
         self.pool.copy_partial_pages([(it.seq, f) for it in items if it.is_final
                                       for f in it.forks])
-        sample_logits = self._score_and_sample_rows(items, head_N_D)
+        sample_logits = ({} if head_N_D is None
+                         else self._score_and_sample_rows(items, head_N_D))
         finished: list[SampleOutcome] = []
         samplers: list[SampleSequence] = []
         rows: list[torch.Tensor] = []
@@ -343,12 +350,13 @@ class Sampler:
             for seq in [it.seq, *it.forks]:
                 if seq.request.max_new > 0:
                     samplers.append(seq)
-                    rows.append(sample_logits[i])
+                    if head_N_D is not None:
+                        rows.append(sample_logits[i])
                 elif (outcome := self._finish(seq, "length")) is not None:
                     finished.append(outcome)
         self._running.extend(samplers)
         if samplers:
-            finished += self._take_tokens(samplers, torch.stack(rows))
+            finished += self._take_tokens(samplers, torch.stack(rows) if rows else None)
         return finished
 
     def _score_and_sample_rows(self, items: list[PrefillItem], head_N_D: torch.Tensor
@@ -389,13 +397,23 @@ class Sampler:
         self.stats.decode_tokens += len(seqs)
         with torch.no_grad():
             lora = self._stacks.for_batch(batch)
-            logits_R_V = model.logits(model.forward(batch, lora, self.pool.kv), lora)
+            hidden_R_D = self._layers(batch, lora)
+            logits = (None if hidden_R_D is None else
+                      _sequence_rows(model.logits(hidden_R_D, lora), batch.seq_row_start))
         size = self.pool.block_size
         for seq in seqs:
             seq.num_computed += 1
             if seq.num_computed % size == 0:
                 self.pool.register_full_pages(seq, seq.num_computed)
-        return self._take_tokens(list(seqs), _sequence_rows(logits_R_V, batch.seq_row_start))
+        return self._take_tokens(list(seqs), logits)
+
+    def _layers(self, batch: PackedBatch, lora: LoraBatch | None) -> torch.Tensor | None:
+        """The forward's hidden states; None on a pipeline stage before the last (it runs
+        its layers and passes them on)."""
+        if self._pipe is None:
+            return self._model.forward(batch, lora, self.pool.kv)
+        _, hidden_R_D = self._pipe.run_layers(self._model, batch, lora, self.pool.kv)
+        return hidden_R_D if self._pipe.is_last else None
 
     def _grow_tables(self) -> None:
         """A page for every running sequence whose next write starts one; when none is free,
@@ -416,10 +434,15 @@ class Sampler:
 
     # ---- per-token bookkeeping -----------------------------------------------------------
 
-    def _take_tokens(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor
-                     ) -> list[SampleOutcome]:
-        """Sample one token per sequence, record it, and stop the sequences that are done;
-        the requests that finished with them."""
+    def _sample(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor | None
+                ) -> tuple[list[int], list[float], list[list[int]] | None,
+                           list[list[float]] | None]:
+        """One token per sequence from its logits row (on the last pipeline stage; the others
+        receive its draw): tokens, logprobs, top ids and logprobs."""
+        if logits_B_V is None:
+            assert self._pipe is not None
+            drawn: Any = self._pipe.from_last()
+            return drawn
         params = RowParams.build(
             [s.request.work.params.temperature for s in seqs],
             [s.request.work.params.top_k for s in seqs],
@@ -427,10 +450,19 @@ class Sampler:
             [uniform(s.stream, s.num_completion) for s in seqs],
             [s.request.work.topk_sample_logprobs for s in seqs], logits_B_V.device)
         sampled = sample_tokens(logits_B_V, params)
-        tokens, logprobs = sampled.tokens_B.tolist(), sampled.logprobs_B.tolist()
-        top_ids = sampled.topk_ids_B_K.tolist() if sampled.topk_ids_B_K is not None else None
-        top_lps = (sampled.topk_logprobs_B_K.tolist()
-                   if sampled.topk_logprobs_B_K is not None else None)
+        out = (sampled.tokens_B.tolist(), sampled.logprobs_B.tolist(),
+               sampled.topk_ids_B_K.tolist() if sampled.topk_ids_B_K is not None else None,
+               (sampled.topk_logprobs_B_K.tolist()
+                if sampled.topk_logprobs_B_K is not None else None))
+        if self._pipe is not None:
+            self._pipe.from_last(out)
+        return out
+
+    def _take_tokens(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor | None
+                     ) -> list[SampleOutcome]:
+        """Sample one token per sequence, record it, and stop the sequences that are done;
+        the requests that finished with them."""
+        tokens, logprobs, top_ids, top_lps = self._sample(seqs, logits_B_V)
         stopped: list[tuple[SampleSequence, StopReason]] = []
         check_strings: list[SampleSequence] = []
         for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
