@@ -6,10 +6,10 @@ bookkeeping on its own stage and the ranks exchange activations among themselves
 (`engine.model.stage_pipe`); the group answers with the last stage's outcomes (it holds the
 head: losses, logprobs, sampled tokens). Checkpoints: each rank hands over its rows of the
 adapter and the group writes them joined (`engine.group_checkpoint`), the same files as one
-engine; reads are per rank. A rank that dies, or fails with anything but a domain error, fails the whole
-group with `WorkerLostError` (its stages' state can no longer be trusted): the lane stops,
-its runs are restored elsewhere from their latest ``save_state`` and a new group is started,
-as for a lost worker. Ranks are `RankHandle`s: local child processes or Ray actors.
+engine; reads are per rank. A rank that dies, or fails with anything but a domain error, fails
+the whole group with `WorkerLostError` (its stages' state can no longer be trusted): the lane
+stops, its runs are restored elsewhere from their latest ``save_state`` and a new group is
+started, as for a lost worker. Ranks are `RankHandle`s: local child processes or Ray actors.
 """
 
 from __future__ import annotations
