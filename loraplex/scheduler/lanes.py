@@ -15,9 +15,10 @@ with a retryable error naming the checkpoint its run was restored from; each of 
 placed on a surviving lane and restored from its latest ``save_state`` (weights and optimizer)
 before its next op runs (meanwhile it stays live, and its ops are answered with a retryable
 error, so the SDK resends them with the same seq_ids); a run that never saved is gone (its next
-op is refused with a clear error). A replacement worker is started in the background and
-joins as a new lane once it is up. Nothing that a ``save_state`` acknowledged is lost, and no
-op is applied twice.
+op is refused with a clear error). A replacement worker is started in the background and joins
+as a new lane once it is up; when the lost worker was the last one, the replacement is started
+first and the runs are restored onto it. Nothing that a ``save_state`` acknowledged is lost,
+and no op is applied twice.
 """
 
 from __future__ import annotations
@@ -295,11 +296,32 @@ class Lanes:
             self._restoring.difference_update(m for m, p in points.items() if p is None)
         scheduler.fail_evacuated(runs.items, lambda item: WorkerLostError(restore_message(
             lane.name, item, points.get(item.model_id or ""))))
+        with self._lock:
+            survivors = any(other.is_alive for other in self.lanes)
+        replaced = False
+        if not survivors and any(p is not None for p in points.values()):
+            replaced = self._replace_now(lane)  # nowhere to restore to until it is up
         for run in runs.runs:
             self._readopt(run, points[run.model_id])
         with self._lock:
             self._restoring.difference_update(orphans)
-        self._replace(lane)
+        if not replaced:
+            self._replace(lane)
+
+    def _replace_now(self, lost: Lane) -> bool:
+        """Start a replacement for ``lost`` and wait for it (the lost lane was the last one:
+        its runs are restored onto the replacement, their ops answered "being restored"
+        meanwhile). False when none could be started."""
+        if self.spawn is None:
+            return False
+        try:
+            executor = self.spawn()
+        except Exception:
+            log.exception("could not start a replacement for worker %s", lost.name)
+            return False
+        lane = self.add_worker(executor)
+        log.info("worker %s replaces %s", lane.name, lost.name)
+        return True
 
     def _readopt(self, run: EvacuatedRun, point: RestorePoint | None) -> None:
         if point is None:

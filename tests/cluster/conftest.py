@@ -44,8 +44,10 @@ def ray_cluster() -> Iterator[Cluster]:
 
 
 def ray_server(data_dir: Path, tiny_model_dir: Path, address: str, workers: int = 2,
-               **engine: Any) -> Iterator[Server]:
-    """A real server whose ``workers`` engines are Ray actors of the cluster at ``address``."""
+               model_parallel: int = 1, worker_resources: str = "CPU=1", **engine: Any
+               ) -> Iterator[Server]:
+    """A real server whose ``workers`` engines are Ray actors of the cluster at ``address``
+    (each a group of ``model_parallel`` rank actors)."""
     from loraplex.cli.serve_cmd import build_context
 
     seed_builtin_tiny(data_dir, tiny_model_dir)
@@ -53,7 +55,9 @@ def ray_server(data_dir: Path, tiny_model_dir: Path, address: str, workers: int 
                           models=(ModelSource(DEFAULT_MODEL_NAME, "builtin:tiny"),),
                           client_config={"fwdbwd_max_chunk_len": 2})
     scheduler = SchedulerConfig()
-    pool = RayWorkers(ClusterConfig(workers=workers, ray_address=address),
+    pool = RayWorkers(ClusterConfig(workers=workers, ray_address=address,
+                                    model_parallel=model_parallel,
+                                    worker_resources=worker_resources),
                       EngineConfig(num_threads=1, **engine), scheduler)
     ctx = build_context(config, scheduler, pool.group)
     with live_server(ctx) as url:

@@ -62,3 +62,28 @@ def test_the_worker_is_a_group_of_two_stages_that_split_the_weights(
     # two layers cannot be split more evenly than one each.
     assert sum(group.weight_bytes) == whole.weights.nbytes() + whole.packed_bytes()
     assert all(0 < b < sum(group.weight_bytes) for b in group.weight_bytes)
+
+
+def test_when_the_only_group_is_lost_its_runs_wait_for_the_replacement(
+        service_client, server: Server) -> None:  # noqa: F811  (runs last: it kills the group)
+    import os
+    import signal
+
+    import tinker
+
+    from tests.cluster.test_worker_loss import DATA, logprobs, step
+
+    service = service_client()
+    tc = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    step(tc)
+    saved = tc.save_state("only").result().path
+    expected = logprobs(tc)
+    [(_, scheduler)] = server.ctx.catalog.get(MODEL).lanes.schedulers()
+    group = scheduler.executor
+    assert isinstance(group, ModelParallelGroup)
+    os.kill(group.ranks[1].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    with pytest.raises(tinker.RequestFailedError, match=f"restored from {saved}"):
+        tc.forward_backward(DATA, "cross_entropy").result()
+    assert logprobs(tc) == expected  # on the replacement group, restored from the save
+    [(_, replacement)] = server.ctx.catalog.get(MODEL).lanes.schedulers()
+    assert replacement.executor is not group

@@ -64,7 +64,7 @@ def targets_of(config: LoraConfig, spec: ModelSpec | None = None) -> tuple[str, 
         sparse = spec is not None and spec.experts is not None
         dense = spec is None or bool(spec.dense_mlp_layers)
         mlp = (MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
-    unembed = config.train_unembed and (spec is None or spec.holds_vocab)
+    unembed = config.train_unembed and (spec is None or spec.holds_head)
     chosen = (ATTN_TARGETS if config.train_attn else ()) + mlp + ((UNEMBED,) if unembed else ())
     return tuple(t for t in ALL_TARGETS if t in chosen)
 

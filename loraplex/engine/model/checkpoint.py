@@ -99,8 +99,10 @@ def _check_shapes(spec: ModelSpec, weights: BaseWeights) -> None:
         "layers.0.q_proj": (weights.layers[0].q_proj, (spec.q_size, d)),
         "layers.0.k_proj": (weights.layers[0].k_proj, (spec.kv_size, d)),
     }
-    if spec.holds_vocab:
-        expected |= {"embed": (weights.embed, (v, d)), "lm_head": (weights.lm_head, (v, d))}
+    if spec.holds_embed:
+        expected["embed"] = (weights.embed, (v, d))
+    if spec.holds_head:
+        expected["lm_head"] = (weights.lm_head, (v, d))
     dense = spec.dense_mlp_layers
     if dense:
         expected[f"layers.{dense[0]}.down_proj"] = (weights.layers[dense[0]].down_proj,

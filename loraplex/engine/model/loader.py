@@ -106,7 +106,8 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None,
 def model_stages(model_dir: str | Path, config: EngineConfig, count: int) -> list[Stage]:
     """``count`` pipeline stages of the model, balanced by the bytes each holds: its weights
     in the compute dtype, plus the packed copies of the linears where the CPU's packed sgemm
-    will run them (`plan_stages`; the last stage also holds the embedding and head)."""
+    will run them (`plan_stages`: the first stage also holds an untied embedding, the last
+    the head)."""
     spec = ModelSpec.from_dir(model_dir)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
@@ -123,7 +124,7 @@ def model_stages(model_dir: str | Path, config: EngineConfig, count: int) -> lis
             return itemsize * (linear_copies * attn + mlp)
         return itemsize * linear_copies * (attn + 3 * d * ff)
 
-    table = spec.vocab_size * spec.hidden_size  # the head's copies, and an untied embedding
-    vocab = table * (linear_copies + (0 if spec.tie_word_embeddings else 1))
-    return plan_stages([layer_bytes(i) for i in range(spec.num_layers)], itemsize * vocab,
-                       count)
+    table = itemsize * spec.vocab_size * spec.hidden_size
+    head = table * linear_copies  # a tied embedding is the head's matrix, on the last stage
+    embed = 0 if spec.tie_word_embeddings else table
+    return plan_stages([layer_bytes(i) for i in range(spec.num_layers)], embed, head, count)

@@ -89,8 +89,8 @@ class ModelSpec:
 
     def sliced(self, stage: Stage) -> ModelSpec:
         """The spec of one pipeline stage: its ``num_layers`` layers numbered from 0 (their
-        model layers start at `first_layer`), the vocabulary only on the last stage, and
-        `whole_spec` the model's."""
+        model layers start at `first_layer`), the embedding and head where `holds_embed` and
+        `holds_head` say, and `whole_spec` the model's."""
         experts = self.experts
         if experts is not None:
             experts = replace(experts, sparse_layers=tuple(
@@ -110,9 +110,17 @@ class ModelSpec:
         return 0 if self.stage is None else self.stage.first_layer
 
     @property
-    def holds_vocab(self) -> bool:
-        """Whether the embedding, final norm and head are here (the last stage's)."""
+    def holds_head(self) -> bool:
+        """Whether the final norm and the head are here (the last stage's)."""
         return self.stage is None or self.stage.is_last
+
+    @property
+    def holds_embed(self) -> bool:
+        """Whether the embedding is here: the first stage's, or the last stage's when it is
+        the head too (tied: held once)."""
+        if self.stage is None:
+            return True
+        return self.stage.is_last if self.tie_word_embeddings else self.stage.is_first
 
     @property
     def has_qk_norm(self) -> bool:

@@ -1,11 +1,11 @@
 """`Stage`: one rank's share of a model split into pipeline stages, and `plan_stages`, which
 cuts a model into stages of about equal memory.
 
-A stage holds a contiguous range of decoder layers; the last stage also holds the vocabulary:
-the embedding and the output head (tied or not), so a tied model's matrix is never stored
-twice. A forward starts on the last stage (the token lookup, whose rows it sends to the first
-stage), runs the layers stage by stage, and ends on the last stage (final norm, head, losses,
-sampling). Every row keeps the bits it has on one device: the same ops on the same values,
+A stage holds a contiguous range of decoder layers; the first stage also holds the embedding
+and the last the final norm and head, except in a tied model, whose one matrix stays on the
+last stage (never stored twice: the last stage looks the tokens up and sends the rows to the
+first). A forward runs the layers stage by stage and ends on the last stage (final norm,
+head, losses, sampling). Every row keeps the bits it has on one device: the same ops on the same values,
 only on other processes.
 
 Why stages and not tensor parallelism: a row-parallel GEMM's reduction across ranks changes a
@@ -38,7 +38,7 @@ class Stage:
 
     @property
     def is_last(self) -> bool:
-        """The last stage also holds the embedding and the head."""
+        """The last stage also holds the head."""
         return self.index == self.count - 1
 
     @property
@@ -46,9 +46,11 @@ class Stage:
         return self.end_layer - self.first_layer
 
 
-def plan_stages(layer_bytes: Sequence[int], vocab_bytes: int, count: int) -> list[Stage]:
+def plan_stages(layer_bytes: Sequence[int], first_bytes: int, last_bytes: int, count: int
+                ) -> list[Stage]:
     """Contiguous layer ranges for ``count`` stages minimising the largest stage's bytes (the
-    last stage's include ``vocab_bytes``); every stage gets at least one layer.
+    first stage's include ``first_bytes``, the last's ``last_bytes``: the embedding and the
+    head); every stage gets at least one layer.
 
     Raises:
         UserError: fewer layers than stages.
@@ -61,16 +63,17 @@ def plan_stages(layer_bytes: Sequence[int], vocab_bytes: int, count: int) -> lis
     for b in layer_bytes:
         prefix.append(prefix[-1] + b)
     inf = float("inf")
-    # best[s][i]: the least possible largest stage when stages s.. take layers i..; the last
-    # stage also takes the vocabulary.
+    # best[s][i]: the least possible largest stage when stages s.. take layers i..
     best = [[inf] * (num_layers + 1) for _ in range(count + 1)]
     cut = [[0] * (num_layers + 1) for _ in range(count + 1)]
     for i in range(num_layers):
-        best[count - 1][i] = prefix[num_layers] - prefix[i] + vocab_bytes
+        best[count - 1][i] = prefix[num_layers] - prefix[i] + last_bytes + (
+            first_bytes if count == 1 else 0)
     for s in range(count - 2, -1, -1):
+        extra = first_bytes if s == 0 else 0
         for i in range(num_layers - (count - s) + 1):
             for j in range(i + 1, num_layers - (count - s - 1) + 1):
-                worst = max(prefix[j] - prefix[i], best[s + 1][j])
+                worst = max(prefix[j] - prefix[i] + extra, best[s + 1][j])
                 if worst < best[s][i]:
                     best[s][i], cut[s][i] = worst, j
     stages, first = [], 0

@@ -3,8 +3,8 @@ group, over a torch.distributed process group (gloo on CPU, NCCL on CUDA).
 
 Every rank of a group receives the same engine calls in the same order and runs the same
 bookkeeping (validation, packing, page allocation, stop rules); only the model's layers are
-split (`model.stage`). Per forward: the last stage looks the tokens up in the embedding it
-holds and sends the rows to the first stage; each stage runs its layers and sends the
+split (`model.stage`). Per forward: the first stage looks the tokens up in the embedding (a
+tied model's is held once, by the last stage, which sends the rows to the first); each stage runs its layers and sends the
 residual stream on; the last stage ends the forward (norm, head, losses, sampling). Per
 backward, gradients of the residual stream go back stage by stage. What only the last stage
 knows and every stage needs (which adapters trained, which sampled tokens) is broadcast
@@ -63,10 +63,10 @@ class StagePipe:
 
     def _receive_input(self, model: Transformer, batch: PackedBatch) -> torch.Tensor | None:
         count, index = self.stage.count, self.stage.index
-        if count == 1:
-            return None
+        if count == 1 or (index == 0 and model.spec.holds_embed):
+            return None  # the first stage embeds the tokens itself
         shape = (batch.num_rows, model.spec.hidden_size)
-        if self.is_last:  # holds the embedding: the first stage's input comes from here
+        if self.is_last and model.spec.holds_embed:  # a tied model: the head's stage holds it
             self._send(model.embed_rows(batch), 0)
         return self._recv(shape, model.dtype, count - 1 if index == 0 else index - 1)
 

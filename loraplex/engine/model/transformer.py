@@ -183,13 +183,15 @@ class Transformer:
         else:
             for i in range(len(self.weights.layers)):
                 x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens)
-        if not self.spec.holds_vocab:
+        if not self.spec.holds_head:
             return x_R_D
-        return rms_norm(x_R_D, self.weights.vocab[1], self.spec.rms_norm_eps)
+        assert self.weights.final_norm is not None
+        return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
 
     def embed_rows(self, batch: PackedBatch) -> torch.Tensor:
-        """The batch's token embeddings ``[rows, hidden]`` (where the vocabulary is held)."""
-        return self.weights.vocab[0][batch.tokens_R]
+        """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held)."""
+        assert self.weights.embed is not None, "this pipeline stage holds no embedding"
+        return self.weights.embed[batch.tokens_R]
 
     def _lora_views(self, i: int, lora: LoraBatch | None) -> tuple[torch.Tensor, ...]:
         """The LoRA tensors decoder layer ``i`` reads (for `recomputed`)."""

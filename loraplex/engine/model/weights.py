@@ -73,8 +73,8 @@ def layer_fields(spec: ModelSpec, layer: int) -> tuple[str, ...]:
 @dataclass
 class BaseWeights:
     """All frozen tensors of a base model (never require grad); a pipeline stage's hold its
-    own layers, and the vocabulary (``embed``, ``final_norm``, ``lm_head``) only on the last
-    stage (None elsewhere)."""
+    own layers, ``embed`` where it embeds tokens and ``final_norm``/``lm_head`` on the last
+    stage (None elsewhere: `ModelSpec.holds_embed`, `holds_head`)."""
 
     embed: torch.Tensor | None
     layers: list[LayerWeights]
@@ -83,7 +83,7 @@ class BaseWeights:
 
     @property
     def vocab(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(embed, final_norm, lm_head)``; only where they are held."""
+        """``(embed, final_norm, lm_head)``; a whole model's."""
         assert self.embed is not None and self.final_norm is not None
         assert self.lm_head is not None, "this stage holds no vocabulary"
         return self.embed, self.final_norm, self.lm_head
@@ -184,9 +184,9 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
         if spec.experts is not None and spec.is_sparse(i):
             experts = experts_from_hf(spec.experts, g, tensors)
         layers.append(LayerWeights(**values, experts=experts))  # type: ignore[arg-type]
-    if not spec.holds_vocab:
-        return BaseWeights(None, layers, None, None)
-    embed = tensors["model.embed_tokens.weight"]
+    embed = tensors["model.embed_tokens.weight"] if spec.holds_embed else None
+    if not spec.holds_head:
+        return BaseWeights(embed, layers, None, None)
     head = embed if spec.tie_word_embeddings else tensors["lm_head.weight"]
     return BaseWeights(embed, layers, tensors["model.norm.weight"], head)
 
@@ -203,8 +203,10 @@ def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[s
     """HF names a checkpoint of this spec must contain (``fused_layers``: sparse layers whose
     experts the checkpoint stores fused, `expert_weights`); a stage's: its own."""
     names = set()
-    if spec.holds_vocab:
-        names |= {"model.embed_tokens.weight", "model.norm.weight"}
+    if spec.holds_embed:
+        names.add("model.embed_tokens.weight")
+    if spec.holds_head:
+        names.add("model.norm.weight")
         if not spec.tie_word_embeddings:
             names.add("lm_head.weight")
     for i in range(spec.num_layers):
