@@ -19,7 +19,7 @@ from tinker import types
 from loraplex.cluster.local_groups import LocalGroups
 from loraplex.cluster.model_parallel import ModelParallelGroup
 from loraplex.config import EngineConfig
-from tests.api.conftest import MODEL, Server, new_key, service_client  # noqa: F401
+from tests.api.conftest import MODEL, Server
 from tests.cluster.test_model_parallel_local import group_server
 from tests.cluster.test_worker_loss import DATA, logprobs, step
 

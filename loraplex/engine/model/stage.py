@@ -4,9 +4,9 @@ cuts a model into stages of about equal memory.
 A stage holds a contiguous range of decoder layers; the first stage also holds the embedding
 and the last the final norm and head, except in a tied model, whose one matrix stays on the
 last stage (never stored twice: the last stage looks the tokens up and sends the rows to the
-first). A forward runs the layers stage by stage and ends on the last stage (final norm,
-head, losses, sampling). Every row keeps the bits it has on one device: the same ops on the same values,
-only on other processes.
+first). A forward runs the layers stage by stage and ends on the last stage (final norm, head,
+losses, sampling). Every row keeps the bits it has on one device: the same ops on the same
+values, only on other processes.
 
 Why stages and not tensor parallelism: a row-parallel GEMM's reduction across ranks changes a
 row's bits (every token would differ from one device's, and from the sampler's unless every

@@ -4,12 +4,12 @@ group, over a torch.distributed process group (gloo on CPU, NCCL on CUDA).
 Every rank of a group receives the same engine calls in the same order and runs the same
 bookkeeping (validation, packing, page allocation, stop rules); only the model's layers are
 split (`model.stage`). Per forward: the first stage looks the tokens up in the embedding (a
-tied model's is held once, by the last stage, which sends the rows to the first); each stage runs its layers and sends the
-residual stream on; the last stage ends the forward (norm, head, losses, sampling). Per
-backward, gradients of the residual stream go back stage by stage. What only the last stage
-knows and every stage needs (which adapters trained, which sampled tokens) is broadcast
-from it; per-stage verdicts (non-finite gradients, gradient norms) are gathered by all.
-Point-to-point transfers carry one ``[rows, hidden]`` tensor; objects are small.
+tied model's is held once, by the last stage, which sends the rows to the first); each stage
+runs its layers and sends the residual stream on; the last stage ends the forward (norm, head,
+losses, sampling). Per backward, gradients of the residual stream go back stage by stage. What
+only the last stage knows and every stage needs (which adapters trained, which sampled tokens)
+is broadcast from it; per-stage verdicts (non-finite gradients, gradient norms) are gathered by
+all. Point-to-point transfers carry one ``[rows, hidden]`` tensor; objects are small.
 """
 
 from __future__ import annotations
