@@ -1,10 +1,11 @@
 """Long contexts through the official SDK on ``builtin:tiny-long`` (the tiny built-in with
 Qwen3's 40,960-position context): one 32,768-token datum trained with cross_entropy and an
 AdamW step (twice the scheduler's token budget: it runs alone in its cycle); an 8,192-token
-prompt sampled with its prompt logprobs, equal bit for bit to the trainer's forward of the
-same tokens; 40,961 tokens refused as before (a user error naming the field). SmolLM2-135M at its full
-8,192 tokens is trained by ``benchmarks/memory.py`` (12 minutes a step on 2 cores), and by
-`test_smollm2_trains_its_full_context` when ``LORAPLEX_TEST_LONG_SMOLLM2=1``."""
+prompt sampled with its prompt logprobs, equal bit for bit to the trainer's forward of the same
+tokens; 40,961 tokens refused as before (a user error naming the field). SmolLM2-135M at its
+full 8,192 tokens is trained by ``benchmarks/memory.py`` (12 minutes a step on 2 cores), and by
+`test_smollm2_trains_its_full_context` when ``LORAPLEX_TEST_LONG_SMOLLM2=1``.
+"""
 
 from __future__ import annotations
 

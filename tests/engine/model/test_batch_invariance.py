@@ -12,6 +12,7 @@ base GEMMs on F.linear (MKL) and attention on the tiled torch kernel, and both o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import pytest
@@ -42,12 +43,14 @@ ADAPTERS = {"r1": LoraConfig(rank=1, seed=1), "r8": LoraConfig(rank=8, seed=2),
 
 class Harness:
     def __init__(self, invariant: bool = True, spec: ModelSpec = SPEC,
-                 gemm: GemmKernel | None = None, attention: AttentionKernel | None = None
-                 ) -> None:
-        self.model = Transformer(spec, random_weights(spec, seed=0, std=0.05),
-                                 ComputeOptions(batch_invariant=invariant, gemm=gemm,
-                                                attention=attention))
-        self.bank = AdapterBank(spec, "cpu", max_rank=64)
+                 gemm: GemmKernel | None = None, attention: AttentionKernel | None = None,
+                 device: str = "cpu") -> None:
+        weights = random_weights(spec, seed=0, std=0.05)
+        if device != "cpu":  # bf16 on CUDA, as the engine loads it there
+            weights = weights.to(device, torch.bfloat16)
+        self.model = Transformer(spec, weights, ComputeOptions(
+            batch_invariant=invariant, gemm=gemm, attention=attention))
+        self.bank = AdapterBank(spec, device, max_rank=64)
         self.previous: LoraBatch | None = None
         gen = torch.Generator().manual_seed(7)
         for name, config in ADAPTERS.items():
@@ -61,7 +64,7 @@ class Harness:
         lora = self.bank.stack(batch, rank_multiple=self.model.rank_multiple,
                                dtype=self.model.dtype, reuse=self.previous if kv else None)
         self.previous = lora  # decode steps reuse the stacked weights, as a sampler would
-        targets_T = torch.tensor([t for ts in targets for t in ts])
+        targets_T = torch.tensor([t for ts in targets for t in ts], device=self.model.device)
         with torch.no_grad():
             hidden = self.model.forward(batch, lora, kv)
             lp_R = self.model.token_logprobs(hidden, batch.scatter_to_rows(targets_T), lora)
@@ -73,12 +76,22 @@ class Harness:
         return self.logprobs([SequenceInput(tokens, adapter)], [[*tokens[1:], 0]])[0]
 
 
-@pytest.fixture(scope="module", params=["torch", "native"])
+#: ``LORAPLEX_TEST_DEVICE=cuda`` (scripts/gpu_check.sh) runs the suite on CUDA in bf16 too.
+DEVICES = ["torch", "native"] + (["cuda"] if os.environ.get("LORAPLEX_TEST_DEVICE") == "cuda"
+                                 else [])
+
+
+@pytest.fixture(scope="module", params=DEVICES)
 def harness(request: pytest.FixtureRequest) -> Harness:
     """Base GEMMs on F.linear (MKL) and attention on the tiled torch kernel; and both on the C
-    kernels as the loader sets them up on this machine (skipped where they cannot be built)."""
+    kernels as the loader sets them up on this machine (skipped where they cannot be built);
+    and on CUDA when asked for."""
     if request.param == "torch":
         return Harness()
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("LORAPLEX_TEST_DEVICE=cuda without CUDA")
+        return Harness(device="cuda")
     cpu = torch.device("cpu")
     gemm = gemm_kernel(base_inner_dims(SPEC), cpu, torch.float32)
     attention = attention_kernel(cpu, torch.float32)
