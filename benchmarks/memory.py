@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from benchmarks.peers.server_process import ServerProcess, free_port
 from benchmarks.probe import load_average, probe_machine
 

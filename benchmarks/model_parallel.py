@@ -30,10 +30,14 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

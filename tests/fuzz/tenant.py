@@ -36,7 +36,8 @@ class FuzzTenant:
         return {"X-API-Key": self.key}
 
 
-def _wait(http: httpx.Client, request_id: str) -> dict:
+def wait_result(http: httpx.Client, request_id: str) -> dict:
+    """The future's result once complete (asserting it is not an error)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         result = http.post("/api/v1/retrieve_future", json={"request_id": request_id}).json()
@@ -58,12 +59,12 @@ def make_fuzz_tenant(url: str) -> FuzzTenant:
         created = http.post("/api/v1/create_model", json={
             "session_id": session["session_id"], "model_seq_id": 0, "base_model": MODEL,
             "lora_config": {"rank": 4, "seed": 1}, "type": "create_model"}).json()
-        _wait(http, created["request_id"])
+        wait_result(http, created["request_id"])
         model_id = created["model_id"]
         saved = http.post("/api/v1/save_weights", json={
             "model_id": model_id, "seq_id": 1, "path": CHECKPOINT_NAME,
             "type": "save_weights"}).json()
-        path = _wait(http, saved["request_id"])["path"]
+        path = wait_result(http, saved["request_id"])["path"]
         sampler = http.post("/api/v1/create_sampling_session", json={
             "session_id": session["session_id"], "sampling_session_seq_id": 0,
             "base_model": MODEL, "type": "create_sampling_session"}).json()

@@ -173,6 +173,17 @@ class Flood:
         return [self.http.post("/api/v1/retrieve_future", json={"request_id": r}).json()
                 for r in request_ids]
 
+    def wait_done(self, request_id: str, timeout_s: float = 120.0) -> None:
+        """Polls a future until it completes (its result may be protobuf: only JSON is read)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            response = self.http.post("/api/v1/retrieve_future", json={"request_id": request_id})
+            assert response.status_code == 200, response.content[:300]
+            if not (response.headers.get("content-type", "").startswith("application/json")
+                    and response.json().get("type") == "try_again"):
+                return
+        raise AssertionError(f"future {request_id} did not complete in {timeout_s} s")
+
     def failing(self, count: int, num_in_slot: int, workers: int = NUM_WORKERS) -> None:
         """``num_in_slot`` poisoned forward_backwards at the next seq_ids (failed futures),
         then ``count - num_in_slot`` refused requests, from ``workers`` threads."""
@@ -201,7 +212,8 @@ def _healthz_s(url: str) -> float:
 
 
 def _train_a_little(flood: Flood) -> None:
-    """Real steps on the engine (warms the model path, not only the refusals)."""
+    """Real steps on the engine (warms the model path, not only the refusals), waited for:
+    the flood's ops must not queue behind a first step."""
     datum = pb.Datum(model_input=[pb.Chunk(encoded_text=pb.EncodedTextChunk(
         tokens=np.arange(3, 40, dtype="<i4").tobytes()))], loss_fn_inputs={
         "target_tokens": _tensor(np.arange(4, 41, dtype="<i8"), pb.DTYPE_INT64),
@@ -211,8 +223,9 @@ def _train_a_little(flood: Flood) -> None:
                                          seq_id=flood.tenant.next_seq, data=[datum],
                                          loss_fn="cross_entropy").SerializeToString()
         flood.tenant.next_seq += 1
-        flood.post("/api/v1/forward_backward", {"Content-Type": "application/x-protobuf"},
-                   body, lambda s: s == 200)
+        response = flood.post("/api/v1/forward_backward",
+                              {"Content-Type": "application/x-protobuf"}, body, lambda s: s == 200)
+        flood.wait_done(response.json()["request_id"])
 
 
 def test_failing_requests_huge_shapes_and_a_zstd_bomb_keep_memory_bounded(

@@ -22,6 +22,12 @@ from typing import Any
 
 import torch
 
+# `torch.autograd.grad` with explicit grad_outputs (the backward below) imports this module
+# (and sympy) on its first call: 0.5 s inside the first training step a server runs, long
+# enough for a burst of requests to reach the tenant's in-flight limit behind it. Imported
+# with the engine instead.
+import torch.fx.experimental.symbolic_shapes
+
 LayerFn = Callable[[torch.Tensor], torch.Tensor]
 
 
