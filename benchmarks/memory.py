@@ -103,8 +103,10 @@ def serve(code: Path, data_dir: Path, source: str, env: dict[str, str], tag: str
            str(data_dir), "--open", "--threads", "2", "--model", source]
     full_env = {**os.environ, **env, "PYTHONPATH": str(code), "NO_PROXY": "127.0.0.1,localhost"}
     log = SCRATCH / f"{tag}.log"
+    # Run from the revision's own tree: ``python -m`` puts the working directory on sys.path
+    # before PYTHONPATH, so from this tree a "before" server would run today's code.
     server = ServerProcess.launch(cmd, full_env, log, base_url=f"http://127.0.0.1:{port}",
-                                  base_model=source)
+                                  base_model=source, cwd=code)
     server.wait_ready("/api/v1/healthz", timeout_s=600)
     return server
 

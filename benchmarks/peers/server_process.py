@@ -50,11 +50,13 @@ class ServerProcess:
 
     @classmethod
     def launch(cls, cmd: Sequence[str], env: dict[str, str], log_path: Path, *,
-               base_url: str, base_model: str) -> ServerProcess:
-        """Start `cmd` in a new session (its own process group), stdout+stderr to `log_path`."""
+               base_url: str, base_model: str, cwd: Path | None = None) -> ServerProcess:
+        """Start `cmd` in a new session (its own process group), stdout+stderr to `log_path`.
+        ``cwd``: where it runs (``python -m`` imports from there before ``PYTHONPATH``)."""
         with open(log_path, "ab") as log:
             process = subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       cwd=cwd)
         return cls(process, log_path, base_url, base_model)
 
     def wait_ready(self, health_path: str, timeout_s: float) -> None:
