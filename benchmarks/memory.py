@@ -111,15 +111,17 @@ def serve(code: Path, data_dir: Path, source: str, env: dict[str, str], tag: str
     return server
 
 
-def train(server: ServerProcess, model: str, num_tokens: int, steps: int = 1) -> list[float]:
-    """Seconds of each step (forward_backward + optim_step of one ``num_tokens`` datum)."""
+def train(server: ServerProcess, model: str, num_tokens: int, steps: int = 1,
+          vocab_size: int = 49152) -> list[float]:
+    """Seconds of each step (forward_backward + optim_step of one ``num_tokens`` datum of
+    random tokens below ``vocab_size``)."""
     import numpy as np
     import tinker
     from tinker import types
 
     service = tinker.ServiceClient(base_url=server.base_url, api_key="tml-memory-bench")
     tc = service.create_lora_training_client(base_model=model, rank=16, seed=0).result()
-    tokens = np.random.default_rng(0).integers(3, 30000, num_tokens + 1).tolist()
+    tokens = np.random.default_rng(0).integers(3, vocab_size, num_tokens + 1).tolist()
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                         loss_fn_inputs={"target_tokens": tokens[1:],
                                         "weights": [1.0] * num_tokens})
@@ -134,9 +136,32 @@ def train(server: ServerProcess, model: str, num_tokens: int, steps: int = 1) ->
     return times
 
 
+def resumable(key: str, measure: Any) -> Any:
+    """``measure()``, or its result from an earlier run of this revision that got that far
+    (``.scratch/memory/done.json``; a crash late in a long run keeps what it measured)."""
+    path = SCRATCH / "done.json"
+    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    if done.get("revision") != revision:
+        done = {"revision": revision}
+    if key in done:
+        print(f"[memory] {key}: from the earlier run", flush=True)
+        return done[key]
+    done[key] = measure()
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(done, indent=2))
+    return done[key]
+
+
 def point(code: Path, data_dir: Path, num_tokens: int, tag: str,
           env: dict[str, str] | None = None) -> dict[str, Any]:
     """One fresh server, one step: its peak and time."""
+    return resumable(f"{tag}-{num_tokens}", lambda: _point(code, data_dir, num_tokens, tag, env))
+
+
+def _point(code: Path, data_dir: Path, num_tokens: int, tag: str,
+           env: dict[str, str] | None) -> dict[str, Any]:
     print(f"[memory] {tag}: {num_tokens} tokens ...", flush=True)
     with serve(code, data_dir, "builtin:smollm2-135m", env or {}, f"{tag}-{num_tokens}") as s:
         pid = s.process.pid
@@ -206,9 +231,12 @@ def recompute_cost(data_dir: Path, rounds: int, num_tokens: int = 2048) -> dict[
     for r in range(rounds):
         for mode in ("none", "layer"):
             print(f"[memory] recompute={mode} round {r}", flush=True)
-            with serve(ROOT, data_dir, "builtin:smollm2-135m",
-                       {"LORAPLEX_ENGINE_RECOMPUTE": mode}, f"recompute-{mode}-{r}") as s:
-                times[mode].append(train(s, SMOLLM2, num_tokens, steps=2)[1])
+            def measure(mode: str = mode, r: int = r) -> float:
+                with serve(ROOT, data_dir, "builtin:smollm2-135m",
+                           {"LORAPLEX_ENGINE_RECOMPUTE": mode}, f"recompute-{mode}-{r}") as s:
+                    return train(s, SMOLLM2, num_tokens, steps=2)[1]
+
+            times[mode].append(resumable(f"recompute-{mode}-{r}", measure))
     return {"tokens": num_tokens, "step_s": times,
             "ratio": statistics.median(times["layer"]) / statistics.median(times["none"])}
 
@@ -218,7 +246,7 @@ def small_long_32k(data_dir: Path) -> dict[str, Any]:
     print("[memory] small-long: 32768 tokens ...", flush=True)
     source = "Qwen/Qwen3-8B=builtin:small-long"
     with serve(ROOT, data_dir, source, {}, "small-long") as s:
-        seconds = train(s, "Qwen/Qwen3-8B", 32768)
+        seconds = train(s, "Qwen/Qwen3-8B", 32768, vocab_size=8192)
         return {"tokens": 32768, "step_s": seconds[0],
                 "peak_bytes": vm_kib(s.process.pid, "VmHWM") << 10}
 
@@ -251,7 +279,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["peak_over_theory"] = last["peak_over_theory"]
     result["recompute"] = recompute_cost(data_dir, args.rounds)
     result["recompute_time_cost"] = result["recompute"]["ratio"]
-    long = None if args.no_small_long else small_long_32k(data_dir)
+    long = None if args.no_small_long else resumable("small-long",
+                                                     lambda: small_long_32k(data_dir))
     result["small_long"] = long
     result["max_context_trained"] = {"smollm2-135m": max(p["tokens"] for p in points),
                                      "small-long": long["tokens"] if long else None}
