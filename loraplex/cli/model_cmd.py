@@ -16,6 +16,11 @@ import argparse
 import dataclasses
 import json
 
+from loraplex.engine.model.family import FAMILIES
+
+#: ``--arch`` choices: every family with built-in models (`Family.builtin`).
+BUILTIN_ARCHES = tuple(arch for arch, f in FAMILIES.items() if f.builtin is not None)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="create built-in models, inspect model dirs",
@@ -24,8 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verbs = parser.add_subparsers(dest="model_command", required=True)
     create = verbs.add_parser("create-tiny", help="write a random built-in model + tokenizer")
     create.add_argument("directory", metavar="DIR", help="target directory (absent or empty)")
-    create.add_argument("--arch", choices=("qwen3", "llama", "qwen3_moe"),
-                        default="qwen3")
+    create.add_argument("--arch", choices=BUILTIN_ARCHES, default="qwen3")
     create.add_argument("--size", choices=("tiny", "small"), default="tiny")
     create.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed")
     create.set_defaults(func=_create)

@@ -3,8 +3,9 @@
 SOURCE is a local Hugging Face checkpoint directory, or ``builtin:tiny`` / ``builtin:small``:
 a built-in model created on first use under ``<data_dir>/models/builtin-<size>`` (random
 weights and a locally trained tokenizer, no download; ``builtin:tiny-long`` / ``small-long``
-are the same models with a 40,960-position context). ``builtin:tiny-moe`` /
-``builtin:small-moe`` are the Qwen3-MoE built-ins (8 experts, top-2; the Qwen3 tokenizer).
+are the same models with a 40,960-position context). The other families' built-ins carry
+their `Family.builtin` suffix: ``builtin:tiny-moe`` / ``builtin:small-moe`` are the
+Qwen3-MoE built-ins (8 experts, top-2; the Qwen3 tokenizer), ``builtin:tiny-llama`` Llama 3.
 ``gguf:/path/model.gguf`` serves a GGUF
 file: its config, tokenizer and chat template are rebuilt once under
 ``<data_dir>/models/gguf-<hash>`` and its weights dequantised from the file at each load.
@@ -18,13 +19,14 @@ import hashlib
 import os
 
 from loraplex.cli.wheel_models import WHEEL_MODELS
+from loraplex.engine.model.family import builtin_names
 from loraplex.errors import user_error
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_SIZES = ("tiny", "small", "tiny-long", "small-long")
-BUILTIN_ARCH = "qwen3"
-#: Built-in names with an arch suffix: ``builtin:<size>-moe`` → (arch, size).
-BUILTIN_VARIANTS = {f"{size}-moe": ("qwen3_moe", size) for size in ("tiny", "small")}
+#: ``builtin:<name>`` → (arch, size), from the families' records.
+BUILTINS = builtin_names()
+#: The arch of the plain ``builtin:tiny`` / ``builtin:small``.
+BUILTIN_ARCH = BUILTINS["tiny"][0]
 BUILTIN_SEED = 0
 GGUF_PREFIX = "gguf:"
 
@@ -45,11 +47,10 @@ def resolve_source(source: str, data_dir: str, *, create: bool = True) -> str:
         return wheel_model_dir(source[len(BUILTIN_PREFIX):], data_dir, create=create)
     if source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX):]
-        known = [*BUILTIN_SIZES, *BUILTIN_VARIANTS]
-        if name not in known:
+        if name not in BUILTINS:
             raise user_error("--model", f"unknown built-in {source!r}; use one of "
-                             f"{[BUILTIN_PREFIX + s for s in [*known, *WHEEL_MODELS]]}")
-        arch, size = BUILTIN_VARIANTS.get(name, (BUILTIN_ARCH, name))
+                             f"{[BUILTIN_PREFIX + s for s in [*BUILTINS, *WHEEL_MODELS]]}")
+        arch, size = BUILTINS[name]
         directory = builtin_dir(data_dir, name)
         if create and not os.path.exists(os.path.join(directory, "config.json")):
             from loraplex.engine.builtin.model import create_builtin_model

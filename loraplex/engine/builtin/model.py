@@ -10,25 +10,28 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from loraplex.engine.builtin.tokenizer import (
-    FAMILIES,
+    TOKENIZER_FAMILIES,
     build_tokenizer,
     save_tokenizer,
     token_id,
 )
 from loraplex.engine.model.checkpoint import save_weights
+from loraplex.engine.model.family import FAMILIES, BuiltinShape, Family
 from loraplex.engine.model.moe_spec import ExpertSpec
-from loraplex.engine.model.spec import ARCH_OF_MODEL_TYPE, CLASS_OF_ARCH, ModelSpec, RopeSpec
+from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import random_weights
 from loraplex.errors import user_error
 
-ARCHES = ("qwen3", "llama", "qwen3_moe")
-#: The tokenizer family of each arch (Qwen3-MoE models use the Qwen3 tokenizer).
-TOKENIZER_FAMILY = {"qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3"}
+#: The archs with built-in models (`Family.builtin`).
+ARCHES = tuple(arch for arch, f in FAMILIES.items() if f.builtin is not None)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,6 @@ class BuiltinSize:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    intermediate_size: dict[str, int]
     corpus_chars: int
     max_position_embeddings: int = 8192
 
@@ -49,14 +51,10 @@ class BuiltinSize:
 SIZES = {
     # ≤ 1M parameters: unit and integration tests.
     "tiny": BuiltinSize(vocab_size=1024, hidden_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=32,
-                        intermediate_size={"qwen3": 384, "llama": 384, "qwen3_moe": 384},
-                        corpus_chars=60_000),
+                        num_kv_heads=2, head_dim=32, corpus_chars=60_000),
     # ≈ 20M parameters, 4 layers, hidden 512, vocab 8k: benchmarks.
     "small": BuiltinSize(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8,
-                         num_kv_heads=4, head_dim=64,
-                         intermediate_size={"qwen3": 2048, "llama": 1536, "qwen3_moe": 2048},
-                         corpus_chars=1_500_000),
+                         num_kv_heads=4, head_dim=64, corpus_chars=1_500_000),
 }
 #: Long-context twins (``builtin:tiny-long`` / ``small-long``): the same model (same weights and
 #: tokenizer for the same seed) with Qwen3's own 40,960-position context and rope theta 1e6,
@@ -64,9 +62,6 @@ SIZES = {
 LONG_CONTEXT = 40960
 SIZES |= {f"{name}-long": replace(size, max_position_embeddings=LONG_CONTEXT)
           for name, size in list(SIZES.items())}
-#: Qwen3 ≤ 4B ties its embeddings; Llama 3.1 8B does not: the two built-ins cover both
-#: (Qwen3-30B-A3B does not either).
-TIED = {"qwen3": True, "llama": False, "qwen3_moe": False}
 #: The built-in Qwen3-MoE models: 8 experts, top-2, every layer sparse (as in Qwen3-30B-A3B).
 #: ``tiny`` ≈ 0.95M parameters (0.51M active); ``small`` ≈ 37M (18M active) for benchmarks.
 MOE_EXPERTS = {
@@ -77,56 +72,90 @@ MOE_EXPERTS = {
 }
 
 
+def _shape(arch: str) -> tuple[Family, BuiltinShape]:
+    fam = FAMILIES[arch]
+    assert fam.builtin is not None, f"{arch} has no built-in models"
+    return fam, fam.builtin
+
+
+def _base_size(size: str) -> str:
+    """``tiny`` of ``tiny-long``: the size whose numbers a long-context twin shares."""
+    return size.removesuffix("-long")
+
+
+def config_dict(arch: str, size: str, token_ids: Mapping[str, int | None] | None = None
+                ) -> dict[str, Any]:
+    """The ``config.json`` keys of a built-in (transformers 5 names; a multimodal family's
+    text numbers under its `Family.text_config`, with a tiny vision tower), token ids from
+    ``token_ids`` (``bos_token_id``, ``eos_token_id``, ``pad_token_id``)."""
+    s, (fam, shape) = SIZES[size], _shape(arch)
+    base = _base_size(size)
+    rope: dict[str, Any] = {"rope_type": shape.rope_kind, "rope_theta": shape.rope_theta}
+    if shape.rope_kind == "llama3":
+        rope.update(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=2048)
+    if shape.partial_rotary_factor != 1.0:
+        rope["partial_rotary_factor"] = shape.partial_rotary_factor
+    text: dict[str, Any] = dict(
+        vocab_size=s.vocab_size, hidden_size=s.hidden_size, num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
+        head_dim=s.head_dim, intermediate_size=shape.intermediate_size[base],
+        rms_norm_eps=shape.rms_norm_eps, max_position_embeddings=s.max_position_embeddings,
+        tie_word_embeddings=shape.tied, rope_parameters=rope, **(token_ids or {}),
+        **shape.extra_config)
+    if shape.layer_types is not None:
+        text["layer_types"] = list(shape.layer_types[base])
+    if fam.experts != "none":
+        e = MOE_EXPERTS[base]
+        text.update(num_experts=e.num_experts, num_experts_per_tok=e.top_k,
+                    moe_intermediate_size=e.expert_intermediate_size,
+                    norm_topk_prob=e.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[])
+    if fam.text_config is None:
+        return {"architectures": [fam.hf_class], "model_type": fam.model_types[0], **text}
+    text["model_type"] = fam.model_types[0]
+    return {"architectures": [fam.hf_class], "model_type": fam.model_types[-1],
+            fam.text_config: text, "vision_config": tiny_vision(s.hidden_size),
+            "tie_word_embeddings": shape.tied, **(token_ids or {})}
+
+
+def tiny_vision(out_hidden_size: int) -> dict[str, Any]:
+    """A vision tower small enough for tests (the engine does not run it yet: images are
+    refused; it makes the checkpoint a complete one of the multimodal class)."""
+    return {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "out_hidden_size": out_hidden_size, "num_position_embeddings": 64}
+
+
 def builtin_spec(arch: str, size: str) -> ModelSpec:
     """The spec a built-in model will have (eos ids aside), without creating it."""
-    s = SIZES[size]
-    qwen = arch != "llama"
-    rope = (RopeSpec(1e6) if qwen else
-            RopeSpec(5e5, "llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                     original_max_position=2048))
-    return ModelSpec(arch=ARCH_OF_MODEL_TYPE[arch], vocab_size=s.vocab_size,
-                     hidden_size=s.hidden_size, intermediate_size=s.intermediate_size[arch],
-                     num_layers=s.num_layers, num_heads=s.num_heads,
-                     num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
-                     rms_norm_eps=1e-6 if qwen else 1e-5, rope=rope,
-                     tie_word_embeddings=TIED[arch],
-                     max_position_embeddings=s.max_position_embeddings,
-                     experts=MOE_EXPERTS[size] if arch == "qwen3_moe" else None)
+    return ModelSpec.from_config(config_dict(arch, size))
 
 
 def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
     """The transformers config object of a built-in (its ``save_pretrained`` writes
-    config.json), numbers from `builtin_spec`, token ids from the tokenizer."""
-    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    config.json): `config_dict`, token ids from the tokenizer."""
+    from transformers import AutoConfig
 
-    spec = builtin_spec(arch, size)
-    fam = FAMILIES[TOKENIZER_FAMILY[arch]]
-    rope: dict[str, Any] = {"rope_type": spec.rope.kind, "rope_theta": spec.rope.theta}
-    if spec.rope.kind == "llama3":
-        rope.update(factor=spec.rope.factor, low_freq_factor=spec.rope.low_freq_factor,
-                    high_freq_factor=spec.rope.high_freq_factor,
-                    original_max_position_embeddings=spec.rope.original_max_position)
-    kwargs: dict[str, Any] = dict(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-        intermediate_size=spec.intermediate_size, rms_norm_eps=spec.rms_norm_eps,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=spec.tie_word_embeddings, rope_parameters=rope,
-        bos_token_id=token_id(tokenizer, fam.bos or fam.special[0]),
-        eos_token_id=token_id(tokenizer, fam.eos),
-        pad_token_id=token_id(tokenizer, fam.pad) if fam.pad else None,
-    )
-    if spec.experts is not None:
-        e = spec.experts
-        config: Any = Qwen3MoeConfig(
-            **kwargs, num_experts=e.num_experts, num_experts_per_tok=e.top_k,
-            moe_intermediate_size=e.expert_intermediate_size, norm_topk_prob=e.norm_topk_prob,
-            decoder_sparse_step=1, mlp_only_layers=[])
-    else:
-        config = Qwen3Config(**kwargs) if arch == "qwen3" else LlamaConfig(**kwargs)
-    config.architectures = [CLASS_OF_ARCH[spec.arch]]
+    fam = TOKENIZER_FAMILIES[_shape(arch)[0].tokenizer]
+    ids = {"bos_token_id": token_id(tokenizer, fam.bos or fam.special[0]),
+           "eos_token_id": token_id(tokenizer, fam.eos),
+           "pad_token_id": token_id(tokenizer, fam.pad) if fam.pad else None}
+    values = config_dict(arch, size, ids)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    config.architectures = values["architectures"]
     return config
+
+
+def vision_tensors(config: Any, seed: int) -> dict[str, torch.Tensor]:
+    """A multimodal built-in's vision tower, seeded (``model.visual.*``): transformers' own
+    init of its vision model class."""
+    from transformers import AutoModel
+
+    if getattr(config, "vision_config", None) is None:
+        return {}
+    torch.manual_seed(seed)
+    tower = AutoModel.from_config(config.vision_config)
+    return {f"model.visual.{k}": v for k, v in tower.state_dict().items()}
 
 
 def create_builtin_model(directory: str | Path, arch: str = "qwen3", size: str = "tiny",
@@ -150,7 +179,8 @@ def create_builtin_model(directory: str | Path, arch: str = "qwen3", size: str =
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        tokenizer = build_tokenizer(TOKENIZER_FAMILY[arch], SIZES[size].vocab_size, seed,
+        tokenizer_family = _shape(arch)[0].tokenizer
+        tokenizer = build_tokenizer(tokenizer_family, SIZES[size].vocab_size, seed,
                                     SIZES[size].corpus_chars)
         save_tokenizer(tokenizer, staging)
         config = hf_config(arch, size, tokenizer)
@@ -158,10 +188,11 @@ def create_builtin_model(directory: str | Path, arch: str = "qwen3", size: str =
         GenerationConfig(
             bos_token_id=config.bos_token_id, pad_token_id=config.pad_token_id,
             eos_token_id=[token_id(tokenizer, t)
-                          for t in FAMILIES[TOKENIZER_FAMILY[arch]].generation_eos],
+                          for t in TOKENIZER_FAMILIES[tokenizer_family].generation_eos],
         ).save_pretrained(str(staging))
         spec = ModelSpec.from_dir(staging)
-        save_weights(staging, spec, random_weights(spec, seed))
+        save_weights(staging, spec, random_weights(spec, seed),
+                     extra=vision_tensors(config, seed))
         if target.exists():
             target.rmdir()
         staging.rename(target)

@@ -25,6 +25,39 @@ QWEN_CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+#: Qwen3.5's template for text conversations (images and tools aside), as the cookbook's
+#: ``qwen3_5`` renderer renders them: contents trimmed; an assistant turn after the last user
+#: message carries its (possibly empty) ``<think>`` block; the generation prompt opens one
+#: (``enable_thinking=False``: an empty, closed one).
+QWEN3_5_CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- set content = message['content'] | trim %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{%- set reasoning = (message.get('reasoning_content') or '') | trim %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1] | trim %}"
+    "{%- set content = content.split('</think>')[-1] | trim %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_user %}"
+    "{{- '<|im_start|>assistant\n<think>\n' + reasoning + '\n</think>\n\n' + content"
+    " + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\n<think>\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
 LLAMA_CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
@@ -59,7 +92,7 @@ class TokenizerFamily:
     chat_template: str
 
 
-FAMILIES = {
+TOKENIZER_FAMILIES = {
     "qwen3": TokenizerFamily(
         regex=QWEN_REGEX,
         special=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
@@ -67,6 +100,16 @@ FAMILIES = {
         bos=None, eos="<|im_end|>", pad="<|endoftext|>",
         generation_eos=("<|im_end|>", "<|endoftext|>"),
         chat_template=QWEN_CHAT_TEMPLATE,
+    ),
+    # Qwen3.5: Qwen's chat tokens plus its vision and tool tokens (the template: see above).
+    "qwen3_5": TokenizerFamily(
+        regex=QWEN_REGEX,
+        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
+        added=("<think>", "</think>", "<tool_call>", "</tool_call>"),
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        generation_eos=("<|im_end|>", "<|endoftext|>"),
+        chat_template=QWEN3_5_CHAT_TEMPLATE,
     ),
     "llama": TokenizerFamily(
         regex=LLAMA_REGEX,
@@ -95,7 +138,7 @@ def build_tokenizer(arch: str, vocab_size: int, seed: int, corpus_chars: int) ->
     )
     from transformers import PreTrainedTokenizerFast
 
-    family = FAMILIES[arch]
+    family = TOKENIZER_FAMILIES[arch]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(family.regex), behavior="isolated"),

@@ -11,13 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from loraplex.engine.model.family import Family, family_of_gguf
 from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.gguf_weights import architecture, field_value
-from loraplex.engine.model.spec import ARCH_OF_MODEL_TYPE, CLASS_OF_ARCH
 from loraplex.errors import user_error
 
-#: llama.cpp's defaults where a key is optional (llama_model_loader / convert_hf_to_gguf).
-DEFAULT_ROPE_THETA = {"llama": 10_000.0, "qwen3": 1_000_000.0}
 REFUSED_KEYS = ("expert_count", "attention.sliding_window", "attention.q_lora_rank")
 
 
@@ -27,6 +25,9 @@ class _Keys:
     def __init__(self, reader: GGUFIndex, path: str | Path) -> None:
         self.reader, self.path = reader, path
         self.arch = architecture(reader, path)
+        found = family_of_gguf(self.arch)
+        assert found is not None, self.arch  # `architecture` checked it
+        self.family: Family = found
 
     def get(self, key: str, default: Any = None) -> Any:
         return field_value(self.reader, f"{self.arch}.{key}", default)
@@ -53,9 +54,10 @@ def hf_config_dict(reader: GGUFIndex, path: str | Path) -> dict[str, Any]:
     tokens = field_value(reader, "tokenizer.ggml.tokens") or ()
     ids = {role: field_value(reader, f"tokenizer.ggml.{role}_token_id")
            for role in ("bos", "eos", "padding")}
-    theta = keys.get("rope.freq_base") or DEFAULT_ROPE_THETA[keys.arch]
+    # llama.cpp's default where the key is optional (llama_model_loader / convert_hf_to_gguf)
+    theta = keys.get("rope.freq_base") or keys.family.gguf_rope_theta or 10_000.0
     return {
-        "architectures": [CLASS_OF_ARCH[ARCH_OF_MODEL_TYPE[keys.arch]]],
+        "architectures": [keys.family.hf_class],
         "vocab_size": int(keys.get("vocab_size") or len(tokens)),
         "hidden_size": hidden,
         "intermediate_size": int(keys.need("feed_forward_length")),
@@ -94,8 +96,8 @@ def hf_config(reader: GGUFIndex, path: str | Path) -> Any:
     from transformers import LlamaConfig, Qwen3Config
 
     kwargs = hf_config_dict(reader, path)
-    is_qwen3 = kwargs["architectures"] == [CLASS_OF_ARCH["qwen3"]]
-    config = Qwen3Config(**kwargs) if is_qwen3 else LlamaConfig(**kwargs)
+    config_class = {"Qwen3ForCausalLM": Qwen3Config, "LlamaForCausalLM": LlamaConfig}
+    config = config_class[kwargs["architectures"][0]](**kwargs)
     config.architectures = kwargs["architectures"]
     return config
 

@@ -4,7 +4,11 @@ Targets are the seven linears of every decoder block plus the output head (``une
 exported as ``base_model.model.model.unembed_tokens`` per the Tinker cookbook's convention).
 In a mixture-of-experts model ``train_mlp`` adapts every expert instead of the dense MLP (the
 three expert targets ``w1``/``w3``/``w2``, Tinker's names for gate/up/down, whose shapes are in
-`engine.lora.experts`), and the dense MLP of the layers that keep one.
+`engine.lora.experts`), and the dense MLP of the layers that keep one. A hybrid model's
+(Qwen3.5) attention targets are its full-attention layers' four projections (a gated query
+projection twice as wide) and its linear-attention layers' ``in_proj_q``/``k``/``v`` (the
+slices of ``in_proj_qkv``, adapted separately as Tinker does), ``in_proj_z`` and
+``out_proj``, exported under ``linear_attn``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import hf_module_path
 
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+LINEAR_ATTN_TARGETS = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = "unembed"
-ALL_TARGETS = (*ATTN_TARGETS, *MLP_TARGETS, *EXPERT_TARGETS, UNEMBED)
+ALL_TARGETS = (*ATTN_TARGETS, *LINEAR_ATTN_TARGETS, *MLP_TARGETS, *EXPERT_TARGETS, UNEMBED)
 UNEMBED_MODULE_PATH = "model.unembed_tokens"
 PEFT_PREFIX = "base_model.model."
 
@@ -65,7 +70,11 @@ def targets_of(config: LoraConfig, spec: ModelSpec | None = None) -> tuple[str, 
         dense = spec is None or bool(spec.dense_mlp_layers)
         mlp = (MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
     unembed = config.train_unembed and (spec is None or spec.holds_head)
-    chosen = (ATTN_TARGETS if config.train_attn else ()) + mlp + ((UNEMBED,) if unembed else ())
+    attn: tuple[str, ...] = ()
+    if config.train_attn:
+        attn = ((ATTN_TARGETS if spec is None or spec.attention_layers else ())
+                + (LINEAR_ATTN_TARGETS if spec is not None and spec.linear_layers else ()))
+    chosen = attn + mlp + ((UNEMBED,) if unembed else ())
     return tuple(t for t in ALL_TARGETS if t in chosen)
 
 
@@ -78,13 +87,20 @@ def target_shape(spec: ModelSpec, target: str) -> TargetShape:
         return TargetShape(len(dims.layers), dims.d_in, dims.d_out,
                            tuple(first + i for i in dims.layers), dims.a_experts, dims.b_experts)
     d, q, kv, ff = spec.hidden_size, spec.q_size, spec.kv_size, spec.intermediate_size
-    d_in, d_out = {
-        "q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+    shapes = {
+        "q_proj": (d, spec.q_proj_size), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
         "gate_proj": (d, ff), "up_proj": (d, ff), "down_proj": (ff, d),
         UNEMBED: (d, spec.vocab_size),
-    }[target]
+    }
+    if spec.linear is not None:
+        lin = spec.linear
+        shapes |= {"in_proj_q": (d, lin.key_dim), "in_proj_k": (d, lin.key_dim),
+                   "in_proj_v": (d, lin.value_dim), "in_proj_z": (d, lin.value_dim),
+                   "out_proj": (lin.value_dim, d)}
+    d_in, d_out = shapes[target]
     layers = ((0,) if target == UNEMBED else spec.dense_mlp_layers if target in MLP_TARGETS
-              else tuple(range(spec.num_layers)))
+              else spec.linear_layers if target in LINEAR_ATTN_TARGETS
+              else spec.attention_layers)
     if target != UNEMBED:
         layers = tuple(first + i for i in layers)
     return TargetShape(len(layers), d_in, d_out, layers)
@@ -94,6 +110,8 @@ def module_path(target: str, layer: int) -> str:
     """HF module path of a target in one layer (``model.unembed_tokens`` for the head)."""
     if target in EXPERT_TARGETS:
         return expert_module_path(target, layer)
+    if target in LINEAR_ATTN_TARGETS:
+        return f"model.layers.{layer}.linear_attn.{target}"
     return UNEMBED_MODULE_PATH if target == UNEMBED else hf_module_path(layer, target)
 
 

@@ -16,6 +16,12 @@ batch's sequences share pages or are too few to give every thread an item (then 
 backward below, fed with the kernel's log-sum-exp). A model uses one forward or the other
 everywhere, so training, prefill and decode agree bit for bit either way.
 
+Two extensions, the tiles' only (`AttentionExtras`, gpt-oss): a sliding window (a query at
+position p sees keys p - window + 1 .. p; a key block is masked by position, row by row, so a
+block wholly outside a row's window is an exact no-op for it) and attention sinks (a learned
+logit per query head in every softmax denominator: each row's softmax state starts as the
+sink, m = sink, l = 1, acc = 0, so no row ever starts from a fully masked block).
+
 `dense_attention` (fast mode on CUDA) gathers each sequence's pages into a dense padded key
 range and calls SDPA once: correct, and not batch-invariant.
 Both take keys/values already written to pages; neither knows about LoRA or weights.
@@ -23,6 +29,7 @@ Both take keys/values already written to pages; neither knows about LoRA or weig
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,9 +40,60 @@ from loraplex.engine.model.packed_batch import PackedBatch
 from loraplex.engine.model.tile_plan import TilePhase, TilePlan, TileStep
 
 
+@dataclass(frozen=True)
+class AttentionExtras:
+    """A window and sinks for the tiles (see the module docstring), per query row.
+
+    Attributes:
+        window: keys visible to a query: its own and the ``window - 1`` before it; None: all.
+        positions_A: every query row's position (rows × heads, then the zero row: 0).
+        sinks_A: every query row's sink logit (its head's); None: no sinks.
+        block_size: keys per page (a step's keys are ``block·size + 0 .. size-1``).
+    """
+
+    window: int | None
+    positions_A: torch.Tensor
+    sinks_A: torch.Tensor | None
+    block_size: int
+
+    @staticmethod
+    def of(positions_R: torch.Tensor, num_heads: int, block_size: int, window: int | None,
+           sinks_H: torch.Tensor | None) -> AttentionExtras | None:
+        """The extras of a batch's rows (None when there is neither window nor sinks)."""
+        if window is None and sinks_H is None:
+            return None
+        rows = positions_R.shape[0]
+        positions_A = torch.cat([positions_R.repeat_interleave(num_heads),
+                                 positions_R.new_zeros(1)])
+        sinks_A = None if sinks_H is None else torch.cat([
+            sinks_H.float().repeat(rows), sinks_H.new_zeros(1, dtype=torch.float32)])
+        return AttentionExtras(window, positions_A, sinks_A, block_size)
+
+    def window_mask(self, phase: TilePhase, step_index: int, num_tiles: int
+                    ) -> torch.Tensor | None:
+        """``[N, kv_heads, rows, block]``: True where a key is older than the row's window."""
+        if self.window is None:
+            return None
+        q_pos = self.positions_A.index_select(0, phase.index_P).view(phase.shape)[:num_tiles]
+        first_key = (phase.first_step + step_index) * self.block_size
+        k_pos = torch.arange(first_key, first_key + self.block_size, device=q_pos.device)
+        return (q_pos[..., None] - k_pos) >= self.window
+
+    def initial_state(self, phase: TilePhase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The softmax state rows start from: the sink (m = sink, l = 1), else m = -inf,
+        l = 0 (a row may see no key of its first block)."""
+        shape = phase.shape
+        if self.sinks_A is not None:
+            m = self.sinks_A.index_select(0, phase.index_P).view(shape)
+            return m, torch.ones_like(m), m.new_zeros(*shape, 0)
+        m = self.positions_A.new_full(shape, float("-inf"), dtype=torch.float32)
+        return m, torch.zeros_like(m), m.new_zeros(*shape, 0)
+
+
 def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                           plan: TilePlan, kernel: AttentionKernel | None = None,
-                          runs: AttentionRuns | None = None) -> torch.Tensor:
+                          runs: AttentionRuns | None = None,
+                          extras: AttentionExtras | None = None) -> torch.Tensor:
     """Attention output ``[rows, heads·head_dim]`` for scaled queries.
 
     Args:
@@ -45,19 +103,22 @@ def tiled_paged_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages:
         plan: the batch's tile plan. Rows no tile reads (row padding) get zeros.
         kernel, runs: the C kernel and the batch's `AttentionRuns`: its forward instead of
             the tiles', and its backward where `AttentionKernel.backward_fits`.
+        extras: a window and sinks (the tiles only: not with ``kernel``).
     """
     rows, heads, head_dim = q_R_H_D.shape
     assert rows * heads == plan.num_query_rows
+    assert extras is None or kernel is None, "the C kernel has no window nor sinks"
     native = None if kernel is None or runs is None else _Native(kernel, runs, heads)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q_R_H_D, k_pages, v_pages)):
         q_A_D = _with_zero_row(q_R_H_D.reshape(rows * heads, head_dim))
-        out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan, native)
+        out_A_D = _TiledAttention.apply(q_A_D, k_pages, v_pages, plan, native, extras)
         return out_A_D[:-1].view(rows, heads * head_dim)
     if native is not None:
         return native.kernel.forward(q_R_H_D, k_pages, v_pages, native.runs)[0]
     q_A_D = _with_zero_row(q_R_H_D.reshape(rows * heads, head_dim))
     carries = any(phase.first_step > 0 for phase in plan.phases)
-    out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan, keep_state=carries).output()
+    out_A_D = _tiles_forward(q_A_D, k_pages, v_pages, plan, keep_state=carries,
+                             extras=extras).output()
     return out_A_D[:-1].view(rows, heads * head_dim)
 
 
@@ -103,12 +164,16 @@ def _read(pages: torch.Tensor, step: TileStep) -> torch.Tensor:
     return pages.index_select(0, step.pages_N)
 
 
-def _scores(q_t: torch.Tensor, k_t: torch.Tensor, step: TileStep) -> torch.Tensor:
-    """Scores ``[N, kv_heads, rows, block]`` with -inf where a key is not visible."""
+def _scores(q_t: torch.Tensor, k_t: torch.Tensor, step: TileStep,
+            window_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scores ``[N, kv_heads, rows, block]`` with -inf where a key is not visible (after the
+    row, or before its window)."""
     s = torch.matmul(q_t, k_t.transpose(-1, -2))
     mask = step.mask_M_1_R_B
     if mask is not None:
         s[s.shape[0] - mask.shape[0]:].masked_fill_(mask, float("-inf"))
+    if window_mask is not None:
+        s.masked_fill_(window_mask, float("-inf"))
     return s
 
 
@@ -157,7 +222,8 @@ class _SoftmaxState:
 
 
 def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                   plan: TilePlan, keep_state: bool = True) -> _SoftmaxState:
+                   plan: TilePlan, keep_state: bool = True,
+                   extras: AttentionExtras | None = None) -> _SoftmaxState:
     """Online softmax over KV steps (the algorithm): the final state of every query row (its
     output, and its log-sum-exp for the backward)."""
     state = _SoftmaxState(q_A_D, keep_state)
@@ -166,23 +232,29 @@ def _tiles_forward(q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Te
         q_t = q_A_D.index_select(0, phase.index_P).view(*phase.shape, head_dim)
         if phase.first_step > 0:
             m, l_sum, acc = state.take(phase)
+        elif extras is not None:
+            m, l_sum, acc = extras.initial_state(phase)
+            acc = acc.new_zeros(*phase.shape, head_dim)
         for j, step in enumerate(phase.steps):
             n = step.num_tiles
             if j > 0 and n < m.shape[0]:  # tiles [n:] are done: their rows' state goes back
                 state.put(phase, n, m[n:], l_sum[n:], acc[n:])
                 m, l_sum, acc = m[:n], l_sum[:n], acc[:n]
-            s = _scores(q_t[:n], _read(k_pages, step), step)
+            window = None if extras is None else extras.window_mask(phase, j, n)
+            s = _scores(q_t[:n], _read(k_pages, step), step, window)
             v_t = _read(v_pages, step)
             block_max = s.amax(-1)
-            if phase.first_step + j == 0:  # key 0 is visible to every row: a finite max
+            if phase.first_step + j == 0 and extras is None:  # key 0 is visible: a finite max
                 m = block_max
                 p = torch.exp(s - m[..., None])
                 l_sum = p.sum(-1)
                 acc = torch.matmul(p, v_t)
             else:  # a block a row cannot see would be an exact no-op: alpha = 1, p = 0
                 m_new = torch.maximum(m, block_max)
-                alpha = torch.exp(m - m_new)
-                p = torch.exp(s - m_new[..., None])
+                # -inf only while a row has seen no key and no sink: exp(-inf - 0) = 0
+                shift = m_new if extras is None else torch.where(m_new.isinf(), 0.0, m_new)
+                alpha = torch.exp(m - shift)
+                p = torch.exp(s - shift[..., None])
                 l_sum = l_sum * alpha + p.sum(-1)
                 acc = acc * alpha[..., None] + torch.matmul(p, v_t)
                 m = m_new
@@ -197,14 +269,15 @@ class _TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q_A_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                plan: TilePlan, native: _Native | None) -> torch.Tensor:
+                plan: TilePlan, native: _Native | None, extras: AttentionExtras | None
+                ) -> torch.Tensor:
         if native is not None:
             out, lse = native.forward(q_A_D, k_pages, v_pages)
         else:
-            state = _tiles_forward(q_A_D, k_pages, v_pages, plan)
+            state = _tiles_forward(q_A_D, k_pages, v_pages, plan, extras=extras)
             out, lse = state.output(), state.log_sum_exp()
         ctx.save_for_backward(q_A_D, k_pages, v_pages, out, lse)
-        ctx.plan, ctx.native = plan, native
+        ctx.plan, ctx.native, ctx.extras = plan, native, extras
         return out
 
     @staticmethod
@@ -215,8 +288,10 @@ class _TiledAttention(torch.autograd.Function):
         native: _Native | None = ctx.native
         if native is not None and native.kernel.backward_fits(native.runs, k_pages.shape[1],
                                                               k_pages.shape[2]):
-            return (*native.backward(q_A_D, k_pages, v_pages, d_out, lse, delta_A), None, None)
+            return (*native.backward(q_A_D, k_pages, v_pages, d_out, lse, delta_A), None, None,
+                    None)
         plan: TilePlan = ctx.plan
+        extras: AttentionExtras | None = ctx.extras
         head_dim = q_A_D.shape[1]
         d_q = torch.zeros_like(q_A_D)
         d_k, d_v = torch.zeros_like(k_pages), torch.zeros_like(v_pages)
@@ -227,20 +302,22 @@ class _TiledAttention(torch.autograd.Function):
             lse_t = lse.index_select(0, idx).view(*shape, 1)
             delta_t = delta_A.index_select(0, idx).view(*shape, 1)
             d_q_t = torch.zeros_like(q_t)
-            for step in phase.steps:
+            for j, step in enumerate(phase.steps):
                 n = step.num_tiles
                 k_t, v_t = _read(k_pages, step), _read(v_pages, step)
-                p = torch.exp(_scores(q_t[:n], k_t, step) - lse_t[:n])
+                window = None if extras is None else extras.window_mask(phase, j, n)
+                p = torch.exp(_scores(q_t[:n], k_t, step, window) - lse_t[:n])
                 d_v.index_add_(0, step.pages_N, torch.matmul(p.transpose(-1, -2), d_o[:n]))
                 d_s = p * (torch.matmul(d_o[:n], v_t.transpose(-1, -2)) - delta_t[:n])
                 d_q_t[:n] += torch.matmul(d_s, k_t)
                 d_k.index_add_(0, step.pages_N, torch.matmul(d_s.transpose(-1, -2), q_t[:n]))
             d_q.index_add_(0, idx, d_q_t.view(-1, head_dim))
-        return d_q, d_k, d_v, None, None
+        return d_q, d_k, d_v, None, None, None
 
 
 def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                    batch: PackedBatch, num_kv_heads: int) -> torch.Tensor:
+                    batch: PackedBatch, num_kv_heads: int, window: int | None = None
+                    ) -> torch.Tensor:
     """Fast-mode attention on CUDA: one SDPA call over per-sequence padded key ranges.
 
     Same inputs and output as `tiled_paged_attention` (queries pre-scaled); pads each
@@ -277,6 +354,8 @@ def dense_attention(q_R_H_D: torch.Tensor, k_pages: torch.Tensor, v_pages: torch
     keys = torch.arange(width * block, device=device)
     limit = torch.where(is_real, cached[:, None] + j[None, :] + 1, 1)  # pad queries see key 0
     mask = keys[None, None, :] < limit[:, :, None]  # [B, Lq, keys]
+    if window is not None:  # a key older than the query's window: limit - 1 - key >= window
+        mask &= (limit[:, :, None] - 1 - keys[None, None, :]) < window
     out = F.scaled_dot_product_attention(q, dense(k_pages), dense(v_pages),
                                          attn_mask=mask[:, None], scale=1.0,
                                          enable_gqa=num_heads != num_kv_heads)

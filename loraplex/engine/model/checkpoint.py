@@ -57,7 +57,8 @@ def load_weights(
     names: set[str] = set()
     for path in shards:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            names.update(f.keys())
+            names.update(canonical for name in f.keys()  # noqa: SIM118
+                         if (canonical := canonical_name(spec, name)) is not None)
     whole = spec.whole_spec
     known = expected_names(whole, fused_expert_layers(whole, names))
     wanted = expected_names(spec, fused_expert_layers(spec, names))  # a stage's: its share
@@ -65,14 +66,17 @@ def load_weights(
     unexpected: list[str] = []
     for path in shards:
         with safe_open(str(path), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+            for stored in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                name = canonical_name(spec, stored)
+                if name is None:
+                    continue
                 if name not in wanted:
                     tied_head = name == "lm_head.weight" and spec.tie_word_embeddings
                     if name not in known and not tied_head and not name.endswith(
                             IGNORED_SUFFIXES):
                         unexpected.append(name)
                     continue
-                tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                tensors[name] = f.get_tensor(stored).to(device=device, dtype=dtype)
     missing = sorted(known - names)
     if missing or unexpected:
         raise user_error("model", f"{model_dir}: checkpoint does not match config.json "
@@ -85,20 +89,50 @@ def load_weights(
     return weights
 
 
-def save_weights(model_dir: str | Path, spec: ModelSpec, weights: BaseWeights) -> Path:
-    """Write ``model.safetensors`` with HF names (metadata ``format=pt`` as HF expects)."""
+def canonical_name(spec: ModelSpec, stored: str) -> str | None:
+    """A checkpoint's tensor name as `weights` spells it (``model.…``), or None for one the
+    engine does not use (`Family.ignored_weights`)."""
+    if stored.startswith(spec.family.ignored_weights):
+        return None
+    prefix = spec.weight_prefix
+    if prefix != "model." and stored.startswith(prefix):
+        return "model." + stored[len(prefix):]
+    return stored
+
+
+def stored_name(spec: ModelSpec, name: str) -> str:
+    """`canonical_name`'s inverse: a `weights` name as this checkpoint spells it."""
+    prefix = spec.weight_prefix
+    return prefix + name[len("model."):] if name.startswith("model.") else name
+
+
+def save_weights(model_dir: str | Path, spec: ModelSpec, weights: BaseWeights,
+                 extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model.safetensors`` with HF names (metadata ``format=pt`` as HF expects);
+    ``extra``: tensors the engine does not read, written as named (a vision tower)."""
     path = Path(model_dir) / SINGLE_FILE
-    state = {name: t.detach().contiguous().cpu() for name, t in weights.named_tensors(spec)}
+    state = {stored_name(spec, name): t.detach().contiguous().cpu()
+             for name, t in weights.named_tensors(spec)}
+    state |= {name: t.detach().contiguous().cpu() for name, t in (extra or {}).items()}
     save_file(state, str(path), metadata={"format": "pt"})
     return path
 
 
 def _check_shapes(spec: ModelSpec, weights: BaseWeights) -> None:
     d, v = spec.hidden_size, spec.vocab_size
-    expected: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
-        "layers.0.q_proj": (weights.layers[0].q_proj, (spec.q_size, d)),
-        "layers.0.k_proj": (weights.layers[0].k_proj, (spec.kv_size, d)),
-    }
+    expected: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {}
+    for i in spec.attention_layers[:1]:
+        expected[f"layers.{i}.q_proj"] = (weights.layers[i].q_proj, (spec.q_proj_size, d))
+        expected[f"layers.{i}.k_proj"] = (weights.layers[i].k_proj, (spec.kv_size, d))
+    for i in spec.linear_layers[:1]:
+        linear = weights.layers[i].linear
+        assert spec.linear is not None and linear is not None
+        expected[f"layers.{i}.linear_attn.in_proj_qkv"] = (linear.in_proj_qkv,
+                                                           (spec.linear.conv_dim, d))
+        expected[f"layers.{i}.linear_attn.conv1d"] = (
+            linear.conv_C_1_K, (spec.linear.conv_dim, 1, spec.linear.conv_kernel))
+        expected[f"layers.{i}.linear_attn.out_proj"] = (linear.out_proj,
+                                                        (d, spec.linear.value_dim))
     if spec.holds_embed:
         expected["embed"] = (weights.embed, (v, d))
     if spec.holds_head:

@@ -41,6 +41,9 @@ class ExpertWeights:
     def num_experts(self) -> int:
         return self.router_E_D.shape[0]
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.router_E_D, self.gate_up_E_2F_D, self.down_E_D_F)
+
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
         return ExpertWeights(fn(self.router_E_D), fn(self.gate_up_E_2F_D), fn(self.down_E_D_F))
 

@@ -25,13 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from loraplex.engine.model.family import FAMILIES
 from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import BaseWeights, expected_names, from_hf_state
 from loraplex.errors import user_error
 
 POINTER_FILE = "gguf_source.json"
-SUPPORTED_ARCHS = ("llama", "qwen3")
+#: llama.cpp architectures with a family record (`Family.gguf_arch`).
+SUPPORTED_ARCHS = tuple(f.gguf_arch for f in FAMILIES.values() if f.gguf_arch is not None)
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
@@ -130,7 +132,7 @@ def read_hf_state(path: str | Path, spec: ModelSpec, device: torch.device,
         if keep is not None and name not in keep:
             continue
         values = dequantize(tensor.data, tensor.tensor_type)
-        if spec.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if spec.family.gguf_permutes_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = spec.num_heads if name.endswith("q_proj.weight") else spec.num_kv_heads
             values = unpermute_rows(values, heads)
         tensors[name] = torch.from_numpy(np.array(values, dtype=np.float32, order="C")).to(

@@ -203,7 +203,8 @@ class LoraBatch:
 
 
 #: Targets that read the same input in a dense layer (`LoraBatch.fused_a`).
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"),
+                ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z"))
 
 
 def fuse_a(targets: Mapping[str, StackedTarget]) -> dict[tuple[str, ...], torch.Tensor]:

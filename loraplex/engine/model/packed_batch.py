@@ -18,8 +18,8 @@ cache metadata is a UserError.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -40,12 +40,15 @@ class SequenceInput:
         num_cached: positions ``0 .. num_cached-1`` already hold keys/values in the cache.
         block_table: cache blocks covering positions ``0 .. num_cached+len(tokens)-1``; None
             in a training forward without persistent cache (scratch blocks are assigned).
+        state_key: names the sequence's linear-attention state in the sampler's
+            `LinearStates` (hybrid models); None in training.
     """
 
     tokens: Sequence[int]
     adapter_id: str | None = None
     num_cached: int = 0
     block_table: Sequence[int] | None = None
+    state_key: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class PackedBatch:
         num_scratch_blocks: blocks of the training scratch pages; None with a persistent cache.
         block_size, row_multiple: the layout parameters used.
         tiles: the attention tile plan (the torch kernel's forward, and the backward).
+        seq_state_key: per input sequence, its `SequenceInput.state_key`.
     """
 
     tokens_R: torch.Tensor
@@ -77,6 +81,7 @@ class PackedBatch:
     block_size: int
     row_multiple: int
     tiles: TilePlan
+    seq_state_key: tuple[Hashable | None, ...] = field(default=())
 
     @cached_property
     def attention_runs(self) -> AttentionRuns:
@@ -177,6 +182,7 @@ def pack_sequences(
         tiles=plan_tiles([s.num_cached for s in seqs], [len(s.tokens) for s in seqs],
                          row_start, tables, num_rows=num_rows, block_size=block_size,
                          num_heads=num_heads, num_kv_heads=num_kv_heads, device=device),
+        seq_state_key=tuple(s.state_key for s in seqs),
     )
 
 

@@ -1,8 +1,10 @@
-"""Rotary position embeddings: inverse frequencies (default and llama3 scaling) and a cos/sin
-table looked up by absolute position.
+"""Rotary position embeddings: inverse frequencies (default, llama3 and yarn scaling) and a
+cos/sin table looked up by absolute position.
 
 The table grows in fixed chunks of positions, each computed by the same fixed-shape ops, so a
 position's cos/sin values never depend on which batch first needed them (batch invariance).
+With a partial rotary factor the table covers the rotating dimensions only, and `apply_rope`
+rotates those and passes the rest through (transformers' Qwen3-Next / Qwen3.5).
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ import math
 
 import torch
 
-from loraplex.engine.model.spec import RopeSpec
+from loraplex.engine.model.rope_spec import RopeSpec
 
 CHUNK_POSITIONS = 4096
 
 
 def inverse_frequencies(rope: RopeSpec, head_dim: int) -> torch.Tensor:
-    """fp32 ``[head_dim // 2]`` inverse frequencies, as transformers computes them."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    """fp32 ``[rotary_dim // 2]`` inverse frequencies, as transformers computes them."""
+    dim = rope.rotary_dim(head_dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
     inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.kind == "default":
         return inv_freq
+    if rope.kind == "yarn":
+        return _yarn_frequencies(rope, dim)
     # Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth ramp between.
     low_wavelen = rope.original_max_position / rope.low_freq_factor
     high_wavelen = rope.original_max_position / rope.high_freq_factor
@@ -34,16 +39,39 @@ def inverse_frequencies(rope: RopeSpec, head_dim: int) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_frequencies(rope: RopeSpec, dim: int) -> torch.Tensor:
+    """transformers' ``_compute_yarn_parameters`` inverse frequencies: interpolated (÷ factor)
+    below the correction range, extrapolated above it, a linear ramp between."""
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(rope.original_max_position / (rotations * 2 * math.pi))) / (
+            2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (rope.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
 class RopeTable:
-    """cos/sin of every position seen so far, ``[positions, head_dim]`` in the compute dtype."""
+    """cos/sin of every position seen so far, ``[positions, rotary_dim]`` in the compute dtype
+    (yarn's attention factor applied)."""
 
     def __init__(self, rope: RopeSpec, head_dim: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
+        self.attention_factor = rope.attention_factor
+        self.rotary_dim = rope.rotary_dim(head_dim)
         self.device = device
         self.dtype = dtype
-        self.cos = torch.empty(0, head_dim, device=device, dtype=dtype)
-        self.sin = torch.empty(0, head_dim, device=device, dtype=dtype)
+        self.cos = torch.empty(0, self.rotary_dim, device=device, dtype=dtype)
+        self.sin = torch.empty(0, self.rotary_dim, device=device, dtype=dtype)
 
     def _grow(self, num_positions: int) -> None:
         cos, sin = [self.cos], [self.sin]
@@ -53,8 +81,12 @@ class RopeTable:
                                dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos.append(emb.cos().to(self.dtype))
-            sin.append(emb.sin().to(self.dtype))
+            if self.attention_factor != 1.0:
+                cos.append((emb.cos() * self.attention_factor).to(self.dtype))
+                sin.append((emb.sin() * self.attention_factor).to(self.dtype))
+            else:
+                cos.append(emb.cos().to(self.dtype))
+                sin.append(emb.sin().to(self.dtype))
             start += CHUNK_POSITIONS
         self.cos, self.sin = torch.cat(cos), torch.cat(sin)
 
@@ -72,8 +104,13 @@ class RopeTable:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos``, ``signed_sin [N, 1, head_dim]``
+    """Rotate ``x [N, heads, head_dim]`` by per-row ``cos``, ``signed_sin [N, 1, rotary_dim]``
     (`RopeTable.lookup`). HF's ``x·cos + rotate_half(x)·sin``, rotate_half(x) = ``(-x₂, x₁)``,
     bit for bit: ``(-x₂)·s₁ = x₂·(-s₁)`` exactly, so the halves are swapped (one roll) and
-    the sign rides on the table."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+    the sign rides on the table. gpt-oss's ``(x₁c − x₂s, x₂c + x₁s)`` is the same arithmetic.
+    A table narrower than the head rotates the first ``rotary_dim`` dimensions only."""
+    rotary = cos.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + x.roll(rotary // 2, -1) * signed_sin
+    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+    return torch.cat([x_rot * cos + x_rot.roll(rotary // 2, -1) * signed_sin, x_pass], dim=-1)

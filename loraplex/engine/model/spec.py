@@ -1,10 +1,10 @@
 """`ModelSpec`: the architecture numbers of a supported base model, parsed from ``config.json``.
 
-Supports the Qwen3 dense (``Qwen3ForCausalLM``), Qwen3 mixture-of-experts
-(``Qwen3MoeForCausalLM``, experts in `moe_spec`) and Llama 3 (``LlamaForCausalLM``) families, in
-both the transformers 4.x (``rope_theta`` + ``rope_scaling``) and 5.x (``rope_parameters``)
-config layouts. Anything this engine does not implement (biases, sliding windows, other RoPE
-types, other activations) is refused with an error naming the config key, never ignored.
+The families are the `family.FAMILIES` records (Qwen3 dense and MoE, Llama 3, ...): a config
+is matched to one by its ``architectures`` or ``model_type``, in both the transformers 4.x
+(``rope_theta`` + ``rope_scaling``) and 5.x (``rope_parameters``) layouts. Anything this engine
+does not implement (biases, sliding windows, other RoPE types, other activations) is refused
+with an error naming the config key, never ignored.
 """
 
 from __future__ import annotations
@@ -13,40 +13,28 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard, MoeSpec
+from loraplex.engine.model.family import (
+    FAMILIES,
+    Family,
+    family,
+    family_of_class,
+    family_of_model_type,
+)
+from loraplex.engine.model.linear_attention_spec import (
+    LinearAttentionSpec,
+    parse_layer_types,
+    parse_linear_attention,
+)
 from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts
+from loraplex.engine.model.rope_spec import RopeSpec, rope_of
 from loraplex.engine.model.stage import Stage
 from loraplex.errors import user_error
 
-Arch = Literal["qwen3", "llama", "qwen3_moe"]
-ARCH_OF_CLASS: dict[str, Arch] = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
-                                  "Qwen3MoeForCausalLM": "qwen3_moe"}
-ARCH_OF_MODEL_TYPE: dict[str, Arch] = {"qwen3": "qwen3", "llama": "llama",
-                                       "qwen3_moe": "qwen3_moe"}
-CLASS_OF_ARCH: dict[Arch, str] = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
-                                  "qwen3_moe": "Qwen3MoeForCausalLM"}
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    """Rotary position embedding parameters.
-
-    Attributes:
-        theta: base wavelength.
-        kind: ``default`` or ``llama3`` (frequency-dependent scaling of Llama 3.1+).
-        factor, low_freq_factor, high_freq_factor, original_max_position: llama3 scaling
-            parameters (unused for ``default``).
-    """
-
-    theta: float
-    kind: Literal["default", "llama3"] = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position: int = 8192
+__all__ = ["ModelSpec", "RopeSpec"]
 
 
 @dataclass(frozen=True)
@@ -65,11 +53,17 @@ class ModelSpec:
         bos_token_id: beginning-of-sequence token, if any.
         eos_token_ids: tokens that end a completion (config + generation_config).
         experts: the routed experts (mixture-of-experts models), None for dense ones.
+        layer_types: each layer's token mixer (`linear_attention_spec`); empty: every layer
+            full attention.
+        linear: the linear-attention layers' shape (hybrid models), else None.
+        sliding_window: keys a ``sliding_attention`` layer's query sees (its own included).
+        weight_prefix: the prefix of the decoder's weight names in the checkpoint
+            (``model.language_model.`` in a multimodal Qwen3.5 one).
         stage, whole: a pipeline stage's spec (`sliced`): its stage, and the whole model's
             spec; None for a whole model.
     """
 
-    arch: Arch
+    arch: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -84,6 +78,10 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     experts: ExpertSpec | None = None
+    layer_types: tuple[str, ...] = ()
+    linear: LinearAttentionSpec | None = None
+    sliding_window: int | None = None
+    weight_prefix: str = "model."
     stage: Stage | None = None
     whole: ModelSpec | None = None
 
@@ -96,8 +94,9 @@ class ModelSpec:
             experts = replace(experts, sparse_layers=tuple(
                 i - stage.first_layer for i in experts.sparse_layers
                 if stage.first_layer <= i < stage.end_layer))
-        return replace(self, num_layers=stage.num_layers, experts=experts, stage=stage,
-                       whole=self)
+        types = self.layer_types[stage.first_layer:stage.end_layer] if self.layer_types else ()
+        return replace(self, num_layers=stage.num_layers, experts=experts, layer_types=types,
+                       stage=stage, whole=self)
 
     @property
     def whole_spec(self) -> ModelSpec:
@@ -123,8 +122,37 @@ class ModelSpec:
         return self.stage.is_last if self.tie_word_embeddings else self.stage.is_first
 
     @property
+    def family(self) -> Family:
+        """This model's `Family` record."""
+        return family(self.arch)
+
+    @property
     def has_qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "qwen3_moe")
+        return self.family.qk_norm
+
+    def layer_type(self, layer: int) -> str:
+        """Layer ``layer``'s token mixer."""
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
+    def is_linear(self, layer: int) -> bool:
+        """Layer ``layer`` is a gated-DeltaNet (linear attention) layer."""
+        return self.layer_type(layer) == "linear_attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with softmax attention (full or sliding-window)."""
+        return tuple(i for i in range(self.num_layers) if not self.is_linear(i))
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        """Layers with linear attention."""
+        return tuple(i for i in range(self.num_layers) if self.is_linear(i))
+
+    @property
+    def q_proj_size(self) -> int:
+        """Rows of the query projection: the queries, and as many gate values with an output
+        gate (Qwen3.5)."""
+        return self.q_size * (2 if self.family.attention_gate else 1)
 
     def is_sparse(self, layer: int) -> bool:
         """Layer ``layer`` routes its tokens to experts (else it has a dense MLP)."""
@@ -148,10 +176,15 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def layer_params(self) -> int:
+    def layer_params(self, layer: int = 0) -> int:
+        """Weights of one layer with a dense MLP (its attention or linear attention, MLP and
+        norms)."""
         d, q, kv, ff = self.hidden_size, self.q_size, self.kv_size, self.intermediate_size
+        if self.is_linear(layer):
+            assert self.linear is not None
+            return self.linear.layer_params(d) + 3 * d * ff + 2 * d
         norms = 2 * d + (2 * self.head_dim if self.has_qk_norm else 0)
-        return d * q + 2 * d * kv + q * d + 3 * d * ff + norms
+        return d * self.q_proj_size + 2 * d * kv + q * d + 3 * d * ff + norms
 
     def num_params(self) -> int:
         """All parameters, embeddings included (a tied head counted once)."""
@@ -159,7 +192,7 @@ class ModelSpec:
             return self.whole.num_params()
         embed = self.vocab_size * self.hidden_size
         head = 0 if self.tie_word_embeddings else embed
-        blocks = self.num_layers * self.layer_params()
+        blocks = sum(self.layer_params(i) for i in range(self.num_layers))
         if self.experts is not None:  # a sparse layer: router + experts instead of the MLP
             moe = self.experts.layer_params(self.hidden_size) - 3 * self.hidden_size * (
                 self.intermediate_size)
@@ -206,7 +239,13 @@ class ModelSpec:
         config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
     ) -> ModelSpec:
         """Parse a config.json mapping; unsupported features raise a UserError naming the key."""
-        arch = _arch_of(config)
+        fam = _family_of(config)
+        arch, nested = fam.arch, fam.text_config is not None and fam.text_config in config
+        if nested:  # a multimodal config: the text model's numbers (images: not yet served)
+            assert fam.text_config is not None
+            outer = {k: v for k, v in config.items() if k not in (fam.text_config,
+                                                                   "vision_config")}
+            config = {**outer, **config[fam.text_config]}
         _refuse_unsupported(config)
         num_heads = int(config["num_attention_heads"])
         num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
@@ -219,7 +258,8 @@ class ModelSpec:
         eos = _eos_ids(config, generation_config or {})
         bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
         num_layers = int(config["num_hidden_layers"])
-        experts = parse_experts(config, num_layers) if arch == "qwen3_moe" else None
+        experts = (parse_experts(config, num_layers) if fam.experts != "none" else None)
+        layer_types = parse_layer_types(config, num_layers, fam.layer_types)
         return ModelSpec(
             arch=arch,
             vocab_size=int(config["vocab_size"]),
@@ -230,28 +270,35 @@ class ModelSpec:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope=_rope_of(config, max_pos),
+            rope=rope_of(config, max_pos),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             max_position_embeddings=max_pos,
             bos_token_id=int(bos) if isinstance(bos, int) else None,
             eos_token_ids=eos,
             experts=experts,
+            layer_types=layer_types,
+            linear=(parse_linear_attention(config) if "linear_attention" in layer_types
+                    else None),
+            weight_prefix=fam.text_prefix if nested else "model.",
         )
 
 
-def _arch_of(config: Mapping[str, Any]) -> Arch:
-    for cls in config.get("architectures") or ():
-        if cls in ARCH_OF_CLASS:
-            return ARCH_OF_CLASS[cls]
+def _family_of(config: Mapping[str, Any]) -> Family:
+    """The family a config names: by its ``architectures``, else its ``model_type``."""
     classes = config.get("architectures")
+    for cls in classes or ():
+        found = family_of_class(cls)
+        if found is not None:
+            return found
     if classes:
-        raise user_error("config.architectures",
-                         f"unsupported {classes}; supported: {sorted(ARCH_OF_CLASS)}")
+        known = sorted(c for f in FAMILIES.values() for c in f.hf_classes)
+        raise user_error("config.architectures", f"unsupported {classes}; supported: {known}")
     model_type = config.get("model_type")
-    if model_type in ARCH_OF_MODEL_TYPE:
-        return ARCH_OF_MODEL_TYPE[model_type]
-    raise user_error("config.model_type",
-                     f"unsupported {model_type!r}; supported: {sorted(ARCH_OF_MODEL_TYPE)}")
+    found = family_of_model_type(model_type) if isinstance(model_type, str) else None
+    if found is None:
+        known = sorted(t for f in FAMILIES.values() for t in f.model_types)
+        raise user_error("config.model_type", f"unsupported {model_type!r}; supported: {known}")
+    return found
 
 
 def _refuse_unsupported(config: Mapping[str, Any]) -> None:
@@ -263,28 +310,6 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
             raise user_error(f"config.{key}", "is not supported by this engine")
     if config.get("quantization_config"):
         raise user_error("config.quantization_config", "quantized checkpoints are not supported")
-
-
-def _rope_of(config: Mapping[str, Any], max_pos: int) -> RopeSpec:
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
-    partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise user_error("config.partial_rotary_factor", "partial rotary is not supported")
-    if kind == "default":
-        return RopeSpec(theta=theta)
-    if kind == "llama3":
-        return RopeSpec(
-            theta=theta,
-            kind="llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params.get("original_max_position_embeddings", max_pos)),
-        )
-    raise user_error("config.rope_parameters.rope_type",
-                     f"unsupported {kind!r}; supported: default, llama3")
 
 
 def _eos_ids(config: Mapping[str, Any], generation_config: Mapping[str, Any]) -> tuple[int, ...]:

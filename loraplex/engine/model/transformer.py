@@ -1,5 +1,7 @@
-"""`Transformer`: the Qwen3 / Qwen3-MoE / Llama 3 decoder over packed rows, with LoRA and a paged
-KV cache (a mixture-of-experts layer's MLP is a `SparseMlp`, `moe`).
+"""`Transformer`: the decoder of every supported family over packed rows, with LoRA and a paged
+KV cache (a mixture-of-experts layer's MLP is a `SparseMlp`, `moe`; a linear-attention layer's
+token mixer a `LinearAttention`, `linear_attention`; each attention layer runs the backend
+`attention_backend` chose for it).
 
 One forward serves training (full forward over packed sequences, keys/values written to
 out-of-place scratch pages so autograd works), sampler prefill and one-token decode (keys/values
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +29,16 @@ import torch.nn.functional as F
 from loraplex.domain.model import ModelInfo
 from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
-from loraplex.engine.model.attention import dense_attention, tiled_paged_attention
+from loraplex.engine.model.attention_backend import (
+    AttentionBackend,
+    LayerAttention,
+    choose_backend,
+)
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
 from loraplex.engine.model.layer_recompute import output_slots, recomputed
+from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttention
+from loraplex.engine.model.linear_attention_spec import LinearAttentionSpec
+from loraplex.engine.model.linear_states import LinearStates
 from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.moe import SparseMlp
 from loraplex.engine.model.moe_dispatch import TokenRows
@@ -49,6 +58,7 @@ from loraplex.errors import user_error
 HEAD_CHUNK = 1024
 HEAD_CHUNK_MAX_ROWS = 256
 Recompute = Literal["none", "layer"]
+T = TypeVar("T")
 #: LoRA rank padding in batch-invariant mode: a GEMM's output width, where the row padding is
 #: its row count. MKL's sgemm gives a column other bits when the output is narrower than 16
 #: (`engine.lora.stacking`), so an r8 adapter pads to 16 whatever the row multiple.
@@ -99,10 +109,16 @@ class Transformer:
         self.device, self.dtype = first.device, first.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
         # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
-        self._fused = [fuse_projections(layer) for layer in weights.layers]
         kernel = options.gemm
-        self._qkv = [FrozenLinear(f.qkv, kernel) for f in self._fused]
-        self._o = [FrozenLinear(layer.o_proj, kernel) for layer in weights.layers]
+        self._fused = {i: fuse_projections(weights.layers[i]) for i in spec.attention_layers}
+        self._qkv = {i: FrozenLinear(f.qkv, kernel) for i, f in self._fused.items()}
+        self._o = {i: FrozenLinear(_present(weights.layers[i].o_proj), kernel)
+                   for i in spec.attention_layers}
+        # LoRA layer index of each attention layer (every layer but a hybrid's linear ones).
+        self._attn_index = {layer: j for j, layer in enumerate(spec.attention_layers)}
+        self._linear = {layer: LinearAttention(_present_linear(spec), _present(
+            weights.layers[layer].linear), layer, j, kernel, spec.rms_norm_eps)
+            for j, layer in enumerate(spec.linear_layers)}
         self._mlp_linears = {i: MlpLinears.of(weights.layers[i], kernel)
                              for i in spec.dense_mlp_layers}
         # The vocabulary (the last pipeline stage's, or a whole model's).
@@ -111,6 +127,15 @@ class Transformer:
         if weights.lm_head is not None:
             self._head = FrozenLinear(weights.lm_head, kernel)
             self._head_chunks = weights.lm_head.split(HEAD_CHUNK)
+        # Each attention layer's extras and backend, chosen once (`attention_backend`).
+        self._attn_layers = {i: LayerAttention(
+            window=spec.sliding_window if spec.layer_type(i) == "sliding_attention" else None,
+            sinks_H=weights.layers[i].sinks) for i in spec.attention_layers}
+        self._backends: dict[int, AttentionBackend] = {
+            i: choose_backend(a, native=options.attention,
+                              batch_invariant=options.batch_invariant, device=self.device,
+                              num_kv_heads=spec.num_kv_heads)
+            for i, a in self._attn_layers.items()}
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
         self._sparse: dict[int, SparseMlp] = {}
@@ -126,7 +151,9 @@ class Transformer:
         where the packed kernel runs them), then the LM head."""
         mlps = [linear for mlp in self._mlp_linears.values()
                 for linear in (*mlp.gate_up, mlp.down)]
-        return [*self._qkv, *self._o, *mlps, *([self._head] if self._head else [])]
+        linear = [x for la in self._linear.values() for x in (la.in_proj, la.out_proj)]
+        return [*self._qkv.values(), *self._o.values(), *linear, *mlps,
+                *([self._head] if self._head else [])]
 
     def packed_bytes(self) -> int:
         """Bytes of the base weights' packed copies (0: every base GEMM runs on F.linear)."""
@@ -197,7 +224,12 @@ class Transformer:
         """The LoRA tensors decoder layer ``i`` reads (for `recomputed`)."""
         if lora is None:
             return ()
-        index = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), i)
+        index: dict[str, int] = {}
+        if i in self._attn_index:
+            index.update(dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"),
+                                       self._attn_index[i]))
+        if i in self._linear:
+            index.update(dict.fromkeys(LINEAR_TARGETS, self._linear[i].lora_index))
         if i in self._dense_index:
             index.update(dict.fromkeys(("gate_proj", "up_proj", "down_proj"),
                                        self._dense_index[i]))
@@ -211,7 +243,10 @@ class Transformer:
         """Decoder layer ``i``: attention and MLP blocks, each with its residual."""
         layer = self.weights.layers[i]
         h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
-        x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
+        if i in self._linear:
+            x_R_D = x_R_D + self._linear[i](h_R_D, batch, lora, _states(kv))
+        else:
+            x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
         h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)
         sparse = self._sparse.get(i)
         if sparse is not None:
@@ -243,10 +278,15 @@ class Transformer:
     def _attention(self, i: int, layer: LayerWeights, h_R_D: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
                    kv: PagedKVCache | None) -> torch.Tensor:
-        spec, rows = self.spec, h_R_D.shape[0]
+        spec, rows, j = self.spec, h_R_D.shape[0], self._attn_index[i]
         q, k, v = _fused_linear(h_R_D, self._qkv[i], self._fused[i].qkv_sizes, lora,
-                                ("q_proj", "k_proj", "v_proj"), i)
-        q = q.view(rows, spec.num_heads, -1)
+                                ("q_proj", "k_proj", "v_proj"), j, (layer.q_bias, layer.k_bias,
+                                                                   layer.v_bias))
+        gate = None
+        if spec.family.attention_gate:  # per head: [query, gate] (Qwen3.5)
+            q, gate = q.view(rows, spec.num_heads, 2 * spec.head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(rows, spec.q_size)
+        q = q.reshape(rows, spec.num_heads, -1)
         k = k.view(rows, spec.num_kv_heads, -1)
         v = v.view(rows, spec.num_kv_heads, -1)
         if layer.q_norm is not None and layer.k_norm is not None:
@@ -265,15 +305,10 @@ class Transformer:
         else:
             kv.write(i, batch.write_block_W, batch.write_offset_W, k_new, v_new)
             k_pages, v_pages = kv.k[i], kv.v[i]
-        native = self.options.attention  # chosen at load for a CPU model only
-        if native is not None:
-            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles, native,
-                                        batch.attention_runs)
-        elif self.options.batch_invariant or q.device.type == "cpu":
-            out = tiled_paged_attention(q, k_pages, v_pages, batch.tiles)
-        else:
-            out = dense_attention(q, k_pages, v_pages, batch, spec.num_kv_heads)
-        return _linear(out, self._o[i], lora, "o_proj", i)
+        out = self._backends[i](q, k_pages, v_pages, batch, self._attn_layers[i])
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return _linear(out, self._o[i], lora, "o_proj", j, layer.o_bias)
 
     def _mlp(self, i: int, layer: int, h_R_D: torch.Tensor,
              lora: LoraBatch | None) -> torch.Tensor:
@@ -314,21 +349,39 @@ class MlpLinears:
 
 
 def _fused_linear(x_R_I: torch.Tensor, linear: FrozenLinear, sizes: tuple[int, ...],
-                  lora: LoraBatch | None, targets: tuple[str, ...], layer: int
-                  ) -> list[torch.Tensor]:
+                  lora: LoraBatch | None, targets: tuple[str, ...], layer: int,
+                  biases: tuple[torch.Tensor | None, ...] = ()) -> list[torch.Tensor]:
     """Linears sharing an input as one base GEMM (their weights stacked by rows), split into
-    each one's output plus its LoRA delta."""
-    outs = linear(x_R_I).split(sizes, dim=1)
+    each one's output (plus its bias, if any) plus its LoRA delta."""
+    outs = list(linear(x_R_I).split(sizes, dim=1))
+    if biases and biases[0] is not None:
+        outs = [y + b for y, b in zip(outs, biases, strict=True)]
     if lora is None:
-        return list(outs)
+        return outs
     return lora.add_deltas(outs, x_R_I, targets, layer)
 
 
 def _linear(x_R_I: torch.Tensor, linear: FrozenLinear, lora: LoraBatch | None, target: str,
-            layer: int) -> torch.Tensor:
-    """Base linear on all rows, plus the LoRA delta on the adapter rows."""
+            layer: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Base linear on all rows (plus its bias), plus the LoRA delta on the adapter rows."""
     y_R_O = linear(x_R_I)
+    if bias is not None:
+        y_R_O = y_R_O + bias
     return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer)
+
+
+def _present(value: T | None) -> T:
+    assert value is not None
+    return value
+
+
+def _present_linear(spec: ModelSpec) -> LinearAttentionSpec:
+    assert spec.linear is not None
+    return spec.linear
+
+
+def _states(kv: PagedKVCache | None) -> LinearStates | None:
+    return None if kv is None else kv.linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -4,7 +4,10 @@ Owns the cache tensors (`PagedKVCache`) and the page bookkeeping (`BlockManager`
 them consistent: a page handed out again is zeroed before the next forward writes into it (a
 stale non-finite key or value would turn masked-out attention terms into NaN), a fork's partial
 last page is copied exactly, and every full page a sequence has filled is registered under its
-chain hash. Knows nothing about requests' parameters, sampling or queues.
+chain hash. A hybrid model's linear-attention states (`LinearStates`) follow the sequences:
+a fork copies its parent's, a release drops them; cached prefix pages are never reused for
+such a model (a page does not hold the recurrent state at its end). Knows nothing about
+requests' parameters, sampling or queues.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class KVPool:
         size = self.block_size
         num_tokens = len(seq.tokens)
         key = seq.request.adapter_key
-        hits = self.blocks.match_prefix(key, seq.tokens, max_hit_tokens // size)
+        reusable = 0 if self.kv.linear is not None else max_hit_tokens // size
+        hits = self.blocks.match_prefix(key, seq.tokens, reusable)
         num_new = -(-num_tokens // size) - len(hits)
         forks = num_forks if num_tokens % size else 0
         needed = num_new + forks + self.blocks.num_free_among([b for b, _ in hits])
@@ -84,14 +88,18 @@ class KVPool:
 
     def copy_partial_pages(self, pairs: list[tuple[SampleSequence, SampleSequence]]) -> None:
         """Copy-on-write: each fork's private last page becomes an exact copy of its parent's
-        (every layer's keys and values), once the parent's forward has written it."""
+        (every layer's keys and values), once the parent's forward has written it; its
+        linear-attention states start as its parent's."""
+        if self.kv.linear is not None:
+            for parent, fork in pairs:
+                self.kv.linear.copy(parent, fork)
         moves = [(p.block_table[-1], f.block_table[-1]) for p, f in pairs
                  if p.block_table[-1] != f.block_table[-1]]
         if not moves:
             return
         src = torch.tensor([s for s, _ in moves], device=self._device)
         dst = torch.tensor([d for _, d in moves], device=self._device)
-        for pages in (*self.kv.k, *self.kv.v):
+        for pages in self.kv.paged:
             pages.index_copy_(0, dst, pages.index_select(0, src))
 
     def needs_page(self, seq: SampleSequence) -> bool:
@@ -104,6 +112,8 @@ class KVPool:
 
     def release(self, seq: SampleSequence) -> None:
         """Drop the sequence's pages (registered full pages stay cached) and its KV state."""
+        if self.kv.linear is not None:
+            self.kv.linear.drop(seq)
         self.blocks.release(seq.block_table)
         seq.block_table, seq.block_hashes, seq.num_computed = [], [], 0
 
@@ -127,6 +137,8 @@ class KVPool:
     def reset(self) -> None:
         """Forget all pages and cached prefixes (after a bug: nothing can be trusted)."""
         self.blocks = BlockManager(self.blocks.num_blocks, self.block_size)
+        if self.kv.linear is not None:
+            self.kv.linear.clear()
         self.kv.zero_blocks(torch.arange(self.blocks.num_blocks, device=self._device))
         self._fresh = []
 

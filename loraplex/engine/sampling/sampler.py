@@ -94,8 +94,8 @@ class Sampler:
         self._pipe = pipe
         block_size = model.options.kv_block_size
         num_blocks = kv_cache_blocks(config.kv_cache_blocks, config.kv_cache_memory, model.spec,
-                                     len(model.weights.layers), block_size, model.device,
-                                     model.dtype)
+                                     len(model.spec.attention_layers), block_size,
+                                     model.device, model.dtype)
         self.pool = KVPool(model.spec, num_blocks, block_size, model.device, model.dtype)
         self._stop_strings = StopStringMatcher(model_dir)
         info = model.model_info(config.max_context)
@@ -392,7 +392,8 @@ class Sampler:
         seqs = self._running
         model = self._model
         batch = model.pack([SequenceInput([s.tokens[-1]], s.request.work.adapter_id,
-                                          s.num_computed, s.block_table) for s in seqs])
+                                          s.num_computed, s.block_table, state_key=s)
+                            for s in seqs])
         self.stats.decode_steps += 1
         self.stats.decode_tokens += len(seqs)
         with torch.no_grad():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from loraplex.engine.builtin.model import builtin_spec, create_builtin_model
-from loraplex.engine.builtin.tokenizer import FAMILIES
+from loraplex.engine.builtin.tokenizer import TOKENIZER_FAMILIES as FAMILIES
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.errors import UserError

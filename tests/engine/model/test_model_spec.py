@@ -81,7 +81,8 @@ def test_model_info_caps_context() -> None:
     ({"hidden_act": "gelu"}, "config.hidden_act"),
     ({"attention_bias": True}, "config.attention_bias"),
     ({"use_sliding_window": True}, "config.use_sliding_window"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "config.rope_parameters.rope_type"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}},
+     "config.rope_parameters.rope_type"),
     ({"num_key_value_heads": 5}, "config.num_key_value_heads"),
 ])
 def test_unsupported_configs_are_refused_naming_the_key(change: dict[str, Any],

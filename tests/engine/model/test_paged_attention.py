@@ -164,3 +164,70 @@ def test_native_rows_are_the_same_bits_in_any_run() -> None:
         got = attend("native", q, k_pages, v_pages, step)
         assert torch.equal(got[row], want[position])
         assert step.num_rows > 10 and not got[10:].any()  # padding rows: zeros, never garbage
+
+
+def eager_window_sinks(q_R_H_D: torch.Tensor, k_R_H_D: torch.Tensor, v_R_H_D: torch.Tensor,
+                       starts: list[int], lengths: list[int], window: int | None,
+                       sinks_H: torch.Tensor | None) -> torch.Tensor:
+    """transformers' gpt-oss eager attention per sequence: causal (and sliding-window) mask,
+    the sink logit concatenated to every row's scores, softmax, the sink's column dropped."""
+    out = torch.zeros(q_R_H_D.shape[0], HEADS * HEAD_DIM)
+    for s, n in zip(starts, lengths, strict=True):
+        q = q_R_H_D[s:s + n].transpose(0, 1)
+        k, v = (t[s:s + n].repeat_interleave(HEADS // KV_HEADS, 1).transpose(0, 1)
+                for t in (k_R_H_D, v_R_H_D))
+        scores = q @ k.transpose(-1, -2)
+        pos = torch.arange(n)
+        visible = pos[None, :] <= pos[:, None]
+        if window is not None:
+            visible &= pos[:, None] - pos[None, :] < window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks_H is not None:
+            scores = torch.cat([scores, sinks_H.view(-1, 1, 1).expand(-1, n, 1)], dim=-1)
+        probs = torch.softmax(scores - scores.amax(-1, keepdim=True), dim=-1)[..., :n]
+        o = (probs @ v).transpose(0, 1).reshape(n, -1)
+        out = out.index_copy(0, torch.arange(s, s + n), o)
+    return out
+
+
+@pytest.mark.parametrize(("window", "sinks"), [(48, True), (48, False), (None, True),
+                                                (100, True)])
+def test_tiled_window_and_sinks_forward_and_backward_match_the_eager_reference(
+        window: int | None, sinks: bool) -> None:
+    from loraplex.engine.model.attention import AttentionExtras
+
+    lengths = [1, 47, 48, 130, 200, 65]
+    batch = pack_sequences([SequenceInput([0] * n) for n in lengths], row_multiple=16,
+                           block_size=64, num_heads=HEADS, num_kv_heads=KV_HEADS)
+    gen = torch.Generator().manual_seed(5)
+    rows = batch.num_rows
+    q = (torch.randn(rows, HEADS, HEAD_DIM, generator=gen) * 0.5).requires_grad_()
+    k = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=gen).requires_grad_()
+    v = torch.randn(rows, KV_HEADS, HEAD_DIM, generator=gen).requires_grad_()
+    sinks_H = torch.randn(HEADS, generator=gen) * 2 if sinks else None
+    grad_out = torch.randn(rows, HEADS * HEAD_DIM, generator=gen)
+    real = batch.row_index()
+
+    def grads(out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = out.index_select(0, real)
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad_out.index_select(0, real)))
+
+    want = grads(eager_window_sinks(q, k, v, list(batch.seq_row_start), lengths, window,
+                                    sinks_H))
+    assert batch.num_scratch_blocks is not None
+    pages = [scratch_pages(batch.num_scratch_blocks, 64, batch.write_block_W,
+                           batch.write_offset_W, x.index_select(0, batch.write_rows_W))
+             for x in (k, v)]
+    extras = AttentionExtras.of(batch.positions_R, HEADS, 64, window, sinks_H)
+    got = grads(tiled_paged_attention(q, pages[0], pages[1], batch.tiles, extras=extras))
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max().item() <= 2e-5
+    if window is not None and not sinks:
+        dense = dense_attention(q, pages[0], pages[1], batch, KV_HEADS, window)
+        assert (dense.index_select(0, real) - want[0]).abs().max().item() <= 2e-5
+    # the window matters: without it the long sequences' outputs differ
+    plain = tiled_paged_attention(q.detach(), pages[0].detach(), pages[1].detach(), batch.tiles,
+                                  extras=AttentionExtras.of(batch.positions_R, HEADS, 64, None,
+                                                            sinks_H))
+    if window is not None:
+        assert (plain.index_select(0, real) - want[0]).abs().max().item() > 1e-3
