@@ -24,8 +24,7 @@ from typing import Any
 from loraplex.engine.checkpoint_io import write_json, write_safetensors
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.experts import EXPERT_TARGETS
-from loraplex.engine.lora.targets import UNEMBED
-from loraplex.engine.model.weights import hf_module_path
+from loraplex.engine.lora.targets import UNEMBED, module_path
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -40,7 +39,7 @@ def target_module_name(target: str) -> str:
     expert target keeps Tinker's name, ``w1``/``w2``/``w3``, as its 3-D tensors' keys do)."""
     if target in EXPERT_TARGETS:
         return target
-    return HF_HEAD_MODULE if target == UNEMBED else hf_module_path(0, target).rsplit(".", 1)[-1]
+    return HF_HEAD_MODULE if target == UNEMBED else module_path(target, 0).rsplit(".", 1)[-1]
 
 
 def peft_adapter_config(adapter: LoraAdapter, base_model_name_or_path: str) -> dict[str, Any]:

@@ -105,17 +105,28 @@ def config_dict(arch: str, size: str, token_ids: Mapping[str, int | None] | None
         **shape.extra_config)
     if shape.layer_types is not None:
         text["layer_types"] = list(shape.layer_types[base])
-    if fam.experts != "none":
-        e = MOE_EXPERTS[base]
-        text.update(num_experts=e.num_experts, num_experts_per_tok=e.top_k,
-                    moe_intermediate_size=e.expert_intermediate_size,
-                    norm_topk_prob=e.norm_topk_prob, decoder_sparse_step=1, mlp_only_layers=[])
+    text |= _expert_keys(fam, base)
+    if fam.experts == "qwen3_5_moe":  # every layer sparse: no dense MLP width
+        del text["intermediate_size"]
     if fam.text_config is None:
         return {"architectures": [fam.hf_class], "model_type": fam.model_types[0], **text}
     text["model_type"] = fam.model_types[0]
     return {"architectures": [fam.hf_class], "model_type": fam.model_types[-1],
             fam.text_config: text, "vision_config": tiny_vision(s.hidden_size),
             "tie_word_embeddings": shape.tied, **(token_ids or {})}
+
+
+def _expert_keys(fam: Family, size: str) -> dict[str, Any]:
+    """config.json keys of a built-in's experts, as its family's config class names them."""
+    if fam.experts == "none":
+        return {}
+    e = MOE_EXPERTS[size]
+    keys: dict[str, Any] = dict(num_experts=e.num_experts, num_experts_per_tok=e.top_k,
+                                moe_intermediate_size=e.expert_intermediate_size)
+    if fam.experts == "qwen3_5_moe":  # always renormalised, every layer sparse
+        return keys | {"shared_expert_intermediate_size": e.expert_intermediate_size}
+    return keys | dict(norm_topk_prob=e.norm_topk_prob, decoder_sparse_step=1,
+                       mlp_only_layers=[])
 
 
 def tiny_vision(out_hidden_size: int) -> dict[str, Any]:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loraplex.engine.model.moe import SHARED_TARGETS
 from loraplex.engine.model.spec import ModelSpec
 
 EXPERT_TARGETS = ("w1", "w3", "w2")
+#: A shared expert's projections (Qwen3.5-MoE, `moe.SHARED_TARGETS`), adapted like a dense
+#: MLP in every sparse layer.
+__all__ = ["EXPERT_TARGETS", "SHARED_TARGETS"]
 #: Tinker's expert target → the HF projection it adapts.
 HF_PROJECTION = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
@@ -50,5 +54,18 @@ def expert_dims(spec: ModelSpec, target: str) -> ExpertDims:
 
 
 def expert_module_path(target: str, layer: int) -> str:
-    """``model.layers.{layer}.mlp.experts.w1``-style path (Tinker's export names)."""
+    """``model.layers.{layer}.mlp.experts.w1``-style path (Tinker's export names); a shared
+    expert's ``model.layers.{layer}.mlp.shared_expert.gate_proj``."""
+    if target in SHARED_TARGETS:
+        return f"model.layers.{layer}.mlp.shared_expert.{target.removeprefix('shared_')}"
     return f"model.layers.{layer}.mlp.experts.{target}"
+
+
+def shared_dims(spec: ModelSpec, target: str) -> tuple[tuple[int, ...], int, int]:
+    """A shared-expert target's (layers, d_in, d_out)."""
+    experts = spec.experts
+    if experts is None or not experts.shared_intermediate_size:
+        raise ValueError(f"{target}: the model has no shared expert")
+    d, fs = spec.hidden_size, experts.shared_intermediate_size
+    return experts.sparse_layers, (fs if target == "shared_down_proj" else d), (
+        d if target == "shared_down_proj" else fs)

@@ -16,7 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.domain.lora import LoraConfig
-from loraplex.engine.lora.experts import EXPERT_TARGETS, expert_dims, expert_module_path
+from loraplex.engine.lora.experts import (
+    EXPERT_TARGETS,
+    SHARED_TARGETS,
+    expert_dims,
+    expert_module_path,
+    shared_dims,
+)
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.weights import hf_module_path
 
@@ -24,7 +30,8 @@ ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 LINEAR_ATTN_TARGETS = ("in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = "unembed"
-ALL_TARGETS = (*ATTN_TARGETS, *LINEAR_ATTN_TARGETS, *MLP_TARGETS, *EXPERT_TARGETS, UNEMBED)
+ALL_TARGETS = (*ATTN_TARGETS, *LINEAR_ATTN_TARGETS, *MLP_TARGETS, *EXPERT_TARGETS,
+               *SHARED_TARGETS, UNEMBED)
 UNEMBED_MODULE_PATH = "model.unembed_tokens"
 PEFT_PREFIX = "base_model.model."
 
@@ -68,7 +75,10 @@ def targets_of(config: LoraConfig, spec: ModelSpec | None = None) -> tuple[str, 
     if config.train_mlp:
         sparse = spec is not None and spec.experts is not None
         dense = spec is None or bool(spec.dense_mlp_layers)
-        mlp = (MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
+        shared = sparse and spec is not None and spec.experts is not None and bool(
+            spec.experts.shared_intermediate_size)
+        mlp = ((MLP_TARGETS if dense else ()) + (EXPERT_TARGETS if sparse else ())
+               + (SHARED_TARGETS if shared else ()))
     unembed = config.train_unembed and (spec is None or spec.holds_head)
     attn: tuple[str, ...] = ()
     if config.train_attn:
@@ -82,6 +92,9 @@ def target_shape(spec: ModelSpec, target: str) -> TargetShape:
     """One target's shape on ``spec``'s layers (a pipeline stage's: its own, ``layers``
     numbered as in the whole model)."""
     first = spec.first_layer
+    if target in SHARED_TARGETS:
+        layers, d_in, d_out = shared_dims(spec, target)
+        return TargetShape(len(layers), d_in, d_out, tuple(first + i for i in layers))
     if target in EXPERT_TARGETS:
         dims = expert_dims(spec, target)
         return TargetShape(len(dims.layers), dims.d_in, dims.d_out,
@@ -108,7 +121,7 @@ def target_shape(spec: ModelSpec, target: str) -> TargetShape:
 
 def module_path(target: str, layer: int) -> str:
     """HF module path of a target in one layer (``model.unembed_tokens`` for the head)."""
-    if target in EXPERT_TARGETS:
+    if target in EXPERT_TARGETS or target in SHARED_TARGETS:
         return expert_module_path(target, layer)
     if target in LINEAR_ATTN_TARGETS:
         return f"model.layers.{layer}.linear_attn.{target}"

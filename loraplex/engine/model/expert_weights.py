@@ -12,7 +12,9 @@ layout), ``down_E_D_F`` its down projection. Hugging Face checkpoints (and what 
 
 Checkpoints written from transformers' in-memory state dict (5.x fuses the experts) hold the
 stacked tensors themselves, ``model.layers.{i}.mlp.experts.gate_up_proj`` ``(E, 2f, d)``
-(``[gate; up]``) and ``...experts.down_proj`` ``(E, d, f)``; both layouts load.
+(``[gate; up]``) and ``...experts.down_proj`` ``(E, d, f)``; both layouts load. A shared expert
+(Qwen3.5-MoE) is a dense gated MLP beside them, ``mlp.shared_expert.{gate,up,down}_proj``,
+scaled by ``sigmoid(mlp.shared_expert_gate · h)`` (``(1, d)``).
 
 Knows nothing about files (`checkpoint` reads them) or routing (`moe`).
 """
@@ -30,22 +32,52 @@ PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
+class SharedExpertWeights:
+    """The shared expert's ``gate_proj``/``up_proj`` ``[fs, d]``, ``down_proj`` ``[d, fs]``
+    and its gate ``[1, d]``."""
+
+    gate_proj: torch.Tensor
+    up_proj: torch.Tensor
+    down_proj: torch.Tensor
+    gate_1_D: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.gate_proj, self.up_proj, self.down_proj, self.gate_1_D)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> SharedExpertWeights:
+        return SharedExpertWeights(*(fn(t) for t in self.tensors()))
+
+
+@dataclass
 class ExpertWeights:
-    """Router ``[E, d]``, stacked ``[gate; up]`` ``[E, 2f, d]`` and down ``[E, d, f]``."""
+    """Router ``[E, d]``, stacked ``[gate; up]`` ``[E, 2f, d]`` and down ``[E, d, f]``, and the
+    shared expert where the family has one."""
 
     router_E_D: torch.Tensor
     gate_up_E_2F_D: torch.Tensor
     down_E_D_F: torch.Tensor
+    shared: SharedExpertWeights | None = None
 
     @property
     def num_experts(self) -> int:
         return self.router_E_D.shape[0]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.router_E_D, self.gate_up_E_2F_D, self.down_E_D_F)
+        shared = () if self.shared is None else self.shared.tensors()
+        return (self.router_E_D, self.gate_up_E_2F_D, self.down_E_D_F, *shared)
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
-        return ExpertWeights(fn(self.router_E_D), fn(self.gate_up_E_2F_D), fn(self.down_E_D_F))
+        return ExpertWeights(fn(self.router_E_D), fn(self.gate_up_E_2F_D), fn(self.down_E_D_F),
+                             None if self.shared is None else self.shared.map(fn))
+
+
+def shared_names(layer: int) -> dict[str, str]:
+    """`SharedExpertWeights` field → HF name."""
+    base = f"model.layers.{layer}.mlp"
+    return {"gate_proj": f"{base}.shared_expert.gate_proj.weight",
+            "up_proj": f"{base}.shared_expert.up_proj.weight",
+            "down_proj": f"{base}.shared_expert.down_proj.weight",
+            "gate_1_D": f"{base}.shared_expert_gate.weight"}
 
 
 def router_name(layer: int) -> str:
@@ -62,12 +94,14 @@ def fused_name(layer: int, tensor: str) -> str:
 
 
 def expert_names(experts: ExpertSpec, layer: int, fused: bool = False) -> list[str]:
-    """HF names of one sparse layer's router and experts (per expert, or fused)."""
+    """HF names of one sparse layer's router and experts (per expert, or fused), and of its
+    shared expert."""
+    shared = list(shared_names(layer).values()) if experts.shared_intermediate_size else []
     if fused:
         return [router_name(layer), fused_name(layer, "gate_up_proj"),
-                fused_name(layer, "down_proj")]
+                fused_name(layer, "down_proj"), *shared]
     return [router_name(layer), *(expert_name(layer, e, p) for e in range(experts.num_experts)
-                                  for p in PROJECTIONS)]
+                                  for p in PROJECTIONS), *shared]
 
 
 def experts_from_hf(experts: ExpertSpec, layer: int,
@@ -79,8 +113,13 @@ def experts_from_hf(experts: ExpertSpec, layer: int,
         KeyError: a tensor is missing (the caller turns it into a user error).
         ValueError: gate, up and down shapes do not fit together.
     """
+    shared = None
+    if experts.shared_intermediate_size:
+        shared = SharedExpertWeights(**{f: tensors.pop(n) for f, n in shared_names(layer).items()})
     if fused_name(layer, "gate_up_proj") in tensors:
-        return _fused_from_hf(experts, layer, tensors)
+        fused = _fused_from_hf(experts, layer, tensors)
+        fused.shared = shared
+        return fused
     gate_up, down = [], []
     for e in range(experts.num_experts):
         gate, up, d = (tensors.pop(expert_name(layer, e, p)) for p in PROJECTIONS)
@@ -90,7 +129,7 @@ def experts_from_hf(experts: ExpertSpec, layer: int,
         gate_up.append(torch.cat([gate, up]))
         down.append(d)
     return ExpertWeights(tensors.pop(router_name(layer)), torch.stack(gate_up),
-                         torch.stack(down))
+                         torch.stack(down), shared)
 
 
 def _fused_from_hf(experts: ExpertSpec, layer: int,
@@ -113,10 +152,18 @@ def expert_named_tensors(layer: int, weights: ExpertWeights) -> Iterator[tuple[s
         yield expert_name(layer, e, "gate_proj"), weights.gate_up_E_2F_D[e, :f]
         yield expert_name(layer, e, "up_proj"), weights.gate_up_E_2F_D[e, f:]
         yield expert_name(layer, e, "down_proj"), weights.down_E_D_F[e]
+    if weights.shared is not None:
+        for f, name in shared_names(layer).items():
+            yield name, getattr(weights.shared, f)
 
 
 def random_experts(experts: ExpertSpec, hidden_size: int,
                    normal: Callable[..., torch.Tensor]) -> ExpertWeights:
     """Seeded random router and experts (``normal(*shape)`` draws), for the built-ins."""
     e, d, f = experts.num_experts, hidden_size, experts.expert_intermediate_size
-    return ExpertWeights(normal(e, d), normal(e, 2 * f, d), normal(e, d, f))
+    weights = ExpertWeights(normal(e, d), normal(e, 2 * f, d), normal(e, d, f))
+    fs = experts.shared_intermediate_size
+    if fs:
+        weights.shared = SharedExpertWeights(normal(fs, d), normal(fs, d), normal(d, fs),
+                                             normal(1, d))
+    return weights

@@ -141,6 +141,17 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
            builtin=BuiltinShape(suffix="qwen35", intermediate_size={"tiny": 384, "small": 2048},
                                 tied=True, rope_theta=1e7, partial_rotary_factor=0.25,
                                 layer_types=_QWEN3_5_TYPES, extra_config=_QWEN3_5_LINEAR)),
+    Family(arch="qwen3_5_moe",
+           hf_classes=("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
+           model_types=("qwen3_5_moe_text", "qwen3_5_moe"), tokenizer="qwen3_5",
+           text_config="text_config", qk_norm=True, zero_centered_norms=True,
+           attention_gate=True, experts="qwen3_5_moe",
+           layer_types=("linear_attention", "full_attention"),
+           ignored_weights=("model.visual.", "mtp."),
+           builtin=BuiltinShape(suffix="qwen35-moe",
+                                intermediate_size={"tiny": 384, "small": 2048}, tied=False,
+                                rope_theta=1e7, partial_rotary_factor=0.25,
+                                layer_types=_QWEN3_5_TYPES, extra_config=_QWEN3_5_LINEAR)),
 )}
 ARCHES: tuple[str, ...] = tuple(FAMILIES)
 

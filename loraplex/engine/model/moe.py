@@ -14,6 +14,10 @@ slot (a fixed, row-local order). The LoRA deltas (Tinker's parameterisation, see
   results weighted and summed per token like the experts' outputs, then the shared ``B`` once
   per token (grouped over adapter segments): ``Σ_j w_j B A_j h_j = B Σ_j w_j A_j h_j``.
 
+A shared expert (Qwen3.5-MoE) is a dense gated MLP over every row, its output times
+``sigmoid(gate · h)``, added to the routed experts' (transformers' order); LoRA adapts its
+three projections (``shared_gate_proj``, ``shared_up_proj``, ``shared_down_proj``), not its gate.
+
 Stacked LoRA tensors (`StackedTarget` of the expert targets, `engine.lora.stacking`): ``w1``,
 ``w3`` have ``a [L, S, Rk, d]`` (shared, by segment) and ``b [L, E·S, f, Rk]``; ``w2`` has
 ``a [L, E·S, Rk, f]`` and ``b [L, S, d, Rk]``; ``L`` counts the sparse layers.
@@ -31,6 +35,7 @@ from loraplex.engine.model.moe_spec import ExpertSpec
 
 #: Router width padding in batch-invariant mode (MKL's row bits change below 16 columns).
 ROUTER_COLUMN_MULTIPLE = 16
+SHARED_TARGETS = ("shared_gate_proj", "shared_up_proj", "shared_down_proj")
 
 
 class SparseMlp:
@@ -49,9 +54,9 @@ class SparseMlp:
         self.weights = weights
         self.index = index
         self.row_multiple = row_multiple
-        router = weights.router_E_D
-        pad = -router.shape[0] % ROUTER_COLUMN_MULTIPLE if row_multiple > 1 else 0
-        self.router_W_D = F.pad(router, (0, 0, 0, pad)) if pad else router
+        self.router_W_D = _padded_rows(weights.router_E_D, row_multiple)
+        self.shared_gate_W_D = (None if weights.shared is None
+                                else _padded_rows(weights.shared.gate_1_D, row_multiple))
 
     def __call__(self, h_R_D: torch.Tensor, tokens: TokenRows, lora: LoraBatch | None
                  ) -> torch.Tensor:
@@ -77,7 +82,22 @@ class SparseMlp:
             t_N_Rk = combine(F.pad(t_Q_Rk, (0, 0, 0, 1)), dispatch.lora.slot_row_N_K,
                              routing.weights_N_K)
             out_R_D = out_R_D + self._down_expand(self._to_rows(t_N_Rk, tokens), lora)
+        if self.shared_gate_W_D is not None:
+            out_R_D = out_R_D + self._shared(h_R_D, lora)
         return out_R_D
+
+    def _shared(self, h_R_D: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        """The shared expert's output times its sigmoid gate, every row."""
+        shared = self.weights.shared
+        assert shared is not None and self.shared_gate_W_D is not None
+        gate, up = F.linear(h_R_D, shared.gate_proj), F.linear(h_R_D, shared.up_proj)
+        if lora is not None:
+            gate, up = lora.add_deltas([gate, up], h_R_D, SHARED_TARGETS[:2], self.index)
+        act_R_F = F.silu(gate) * up
+        y_R_D = F.linear(act_R_F, shared.down_proj)
+        if lora is not None:
+            y_R_D = lora.add_delta(y_R_D, act_R_F, SHARED_TARGETS[2], self.index)
+        return torch.sigmoid(F.linear(h_R_D, self.shared_gate_W_D)[:, :1]) * y_R_D
 
     def _gate_up_delta(self, h_R_D: torch.Tensor, lora: LoraBatch, layout: LoraDispatch
                        ) -> torch.Tensor:
@@ -118,6 +138,13 @@ class SparseMlp:
             return values_N_X
         out = values_N_X.new_zeros(tokens.num_rows, values_N_X.shape[1])
         return out.index_copy(0, tokens.real_N, values_N_X)
+
+
+def _padded_rows(weight_O_D: torch.Tensor, row_multiple: int) -> torch.Tensor:
+    """``weight`` with zero rows up to a multiple of `ROUTER_COLUMN_MULTIPLE` output columns
+    in batch-invariant mode (``row_multiple > 1``)."""
+    pad = -weight_O_D.shape[0] % ROUTER_COLUMN_MULTIPLE if row_multiple > 1 else 0
+    return F.pad(weight_O_D, (0, 0, 0, pad)) if pad else weight_O_D
 
 
 def combine(y_P_X: torch.Tensor, slot_row_N_K: torch.Tensor, weights_N_K: torch.Tensor

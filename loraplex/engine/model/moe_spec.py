@@ -1,11 +1,14 @@
-"""`ExpertSpec`: the routed-experts numbers of a mixture-of-experts base model (Qwen3-MoE).
+"""`ExpertSpec`: the routed-experts numbers of a mixture-of-experts base model (Qwen3-MoE,
+Qwen3.5-MoE).
 
 Parsed from ``config.json`` keys ``num_experts`` (transformers 5 writes ``num_local_experts``),
 ``num_experts_per_tok``, ``moe_intermediate_size``, ``norm_topk_prob``, ``decoder_sparse_step``
 and ``mlp_only_layers``: layer ``i`` routes its tokens to experts when ``i`` is not in
 ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0`` (transformers'
 ``Qwen3MoeDecoderLayer``); the other layers keep a dense MLP of ``intermediate_size``.
-Knows no tensors.
+Qwen3.5-MoE: every layer sparse, the top-k always renormalised, and a shared expert
+(``shared_expert_intermediate_size``) beside the routed ones, its output scaled by
+``sigmoid(shared_expert_gate · h)``. Knows no tensors.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class ExpertSpec:
         norm_topk_prob: renormalise the k routing weights to sum to 1 (else they are the
             softmax probabilities of the chosen experts as they are).
         sparse_layers: the model layers with routed experts, ascending.
+        shared_intermediate_size: the shared expert's width (0: none).
     """
 
     num_experts: int
@@ -35,26 +39,31 @@ class ExpertSpec:
     expert_intermediate_size: int
     norm_topk_prob: bool
     sparse_layers: tuple[int, ...]
+    shared_intermediate_size: int = 0
 
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers
 
     def layer_params(self, hidden_size: int) -> int:
-        """Router + experts of one sparse layer."""
+        """Router + experts (+ the shared expert and its gate) of one sparse layer."""
         e, d, f = self.num_experts, hidden_size, self.expert_intermediate_size
-        return e * d + e * 3 * d * f
+        shared = 3 * d * self.shared_intermediate_size + d if self.shared_intermediate_size else 0
+        return e * d + e * 3 * d * f + shared
 
 
-def parse_experts(config: Mapping[str, Any], num_layers: int) -> ExpertSpec:
-    """The experts of a ``qwen3_moe`` config.
+def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = False
+                  ) -> ExpertSpec:
+    """The experts of a ``qwen3_moe`` config, or with ``shared`` a ``qwen3_5_moe`` one (a
+    shared expert; the top-k renormalised unless the config says otherwise).
 
     Raises:
-        UserError: missing or inconsistent expert keys (named), or shared experts (a
-            different family: Qwen2-MoE).
+        UserError: missing or inconsistent expert keys (named), or shared experts in a
+            family without them (Qwen2-MoE's).
     """
-    if config.get("shared_expert_intermediate_size"):
+    shared_size = int(config.get("shared_expert_intermediate_size") or 0)
+    if shared_size and not shared:
         raise user_error("config.shared_expert_intermediate_size",
-                         "shared experts are not supported by this engine")
+                         "shared experts are not supported by this engine for this family")
     num_experts = config.get("num_experts") or config.get("num_local_experts")
     if not isinstance(num_experts, int) or num_experts < 1:
         raise user_error("config.num_experts", f"must be a positive integer, got {num_experts!r}")
@@ -72,5 +81,5 @@ def parse_experts(config: Mapping[str, Any], num_layers: int) -> ExpertSpec:
     dense_only = {int(i) for i in config.get("mlp_only_layers") or ()}
     sparse = tuple(i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0)
     return ExpertSpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=size,
-                      norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-                      sparse_layers=sparse)
+                      norm_topk_prob=bool(config.get("norm_topk_prob", shared)),
+                      sparse_layers=sparse, shared_intermediate_size=shared_size)

@@ -258,13 +258,14 @@ class ModelSpec:
         eos = _eos_ids(config, generation_config or {})
         bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
         num_layers = int(config["num_hidden_layers"])
-        experts = (parse_experts(config, num_layers) if fam.experts != "none" else None)
+        experts = (parse_experts(config, num_layers, shared=fam.experts == "qwen3_5_moe")
+                   if fam.experts != "none" else None)
         layer_types = parse_layer_types(config, num_layers, fam.layer_types)
         return ModelSpec(
             arch=arch,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
+            intermediate_size=_intermediate_size(config, experts),
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
@@ -310,6 +311,16 @@ def _refuse_unsupported(config: Mapping[str, Any]) -> None:
             raise user_error(f"config.{key}", "is not supported by this engine")
     if config.get("quantization_config"):
         raise user_error("config.quantization_config", "quantized checkpoints are not supported")
+
+
+def _intermediate_size(config: Mapping[str, Any], experts: ExpertSpec | None) -> int:
+    """The dense MLPs' width; a MoE config whose layers are all sparse may have none
+    (Qwen3.5-MoE): 0 then."""
+    if "intermediate_size" in config:
+        return int(config["intermediate_size"])
+    if experts is not None and len(experts.sparse_layers) == int(config["num_hidden_layers"]):
+        return 0
+    raise user_error("config.intermediate_size", "is required")
 
 
 def _eos_ids(config: Mapping[str, Any], generation_config: Mapping[str, Any]) -> tuple[int, ...]:

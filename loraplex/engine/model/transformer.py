@@ -40,7 +40,7 @@ from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttenti
 from loraplex.engine.model.linear_attention_spec import LinearAttentionSpec
 from loraplex.engine.model.linear_states import LinearStates
 from loraplex.engine.model.lora_batch import LoraBatch
-from loraplex.engine.model.moe import SparseMlp
+from loraplex.engine.model.moe import SHARED_TARGETS, SparseMlp
 from loraplex.engine.model.moe_dispatch import TokenRows
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 from loraplex.engine.model.rope import RopeTable, apply_rope
@@ -234,7 +234,8 @@ class Transformer:
             index.update(dict.fromkeys(("gate_proj", "up_proj", "down_proj"),
                                        self._dense_index[i]))
         if i in self._sparse:
-            index.update(dict.fromkeys(("w1", "w2", "w3"), self._sparse[i].index))
+            index.update(dict.fromkeys(("w1", "w2", "w3", *SHARED_TARGETS),
+                                       self._sparse[i].index))
         return lora.layer_views(index)
 
     def _layer(self, i: int, x_R_D: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

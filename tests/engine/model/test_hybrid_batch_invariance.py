@@ -1,7 +1,8 @@
 """Batch invariance of a hybrid (Qwen3.5: gated-DeltaNet + gated attention) model, on the bits.
 
-The model: the ``small`` Qwen3.5 built-in's shapes (hidden 512, three linear-attention layers
-and one full-attention layer), vocab 2500. A token's logprob must not depend on what shares
+The models: the ``small`` Qwen3.5 built-in's shapes (hidden 512, three linear-attention layers
+and one full-attention layer), vocab 2500; and its MoE twin (8 routed experts, top-2, a shared
+expert) on the packed GEMM kernel. A token's logprob must not depend on what shares
 its batch (alone / among 6 / among 63 other sequences of every adapter), nor on how it was
 computed: a training full forward, a prefill then one-token decode steps (the linear layers'
 `Carry` at every step, chunks of 64 positions crossed mid-decode), a prefill in pieces cut
@@ -23,20 +24,27 @@ from loraplex.engine.model.spec import ModelSpec
 from tests.engine.model.test_batch_invariance import ADAPTERS, Harness
 from tests.engine.threads import one_thread  # noqa: F401  (autouse)
 
-_CONFIG = config_dict("qwen3_5", "small")
-_CONFIG["text_config"].update(vocab_size=2500)
-SPEC = ModelSpec.from_config(_CONFIG)
+
+def small_spec(arch: str) -> ModelSpec:
+    config = config_dict(arch, "small")
+    config["text_config"].update(vocab_size=2500)
+    return ModelSpec.from_config(config)
+
+
+SPEC = small_spec("qwen3_5")
+MOE_SPEC = small_spec("qwen3_5_moe")
 NAMES: list[str | None] = [None, *ADAPTERS]
 
 
-@pytest.fixture(scope="module", params=["torch", "native"])
+@pytest.fixture(scope="module", params=["torch", "native", "moe-native"])
 def harness(request: pytest.FixtureRequest) -> Harness:
     if request.param == "torch":
         return Harness(spec=SPEC)
-    gemm = gemm_kernel(base_inner_dims(SPEC), torch.device("cpu"), torch.float32)
+    spec = MOE_SPEC if request.param == "moe-native" else SPEC
+    gemm = gemm_kernel(base_inner_dims(spec), torch.device("cpu"), torch.float32)
     if gemm is None:
         pytest.skip("the packed GEMM kernel is not available on this machine")
-    h = Harness(spec=SPEC, gemm=gemm)
+    h = Harness(spec=spec, gemm=gemm)
     assert h.model.packed_bytes() > 0
     return h
 
@@ -55,8 +63,10 @@ def full(h: Harness, seq: list[int], adapter: str | None) -> torch.Tensor:
     return h.logprobs([SequenceInput(seq, adapter)], [[*seq[1:], 0]])[0]
 
 
-def test_the_model_is_hybrid() -> None:
-    assert SPEC.linear_layers == (0, 1, 2) and SPEC.attention_layers == (3,)
+def test_the_models_are_hybrid() -> None:
+    for spec in (SPEC, MOE_SPEC):
+        assert spec.linear_layers == (0, 1, 2) and spec.attention_layers == (3,)
+    assert MOE_SPEC.experts is not None and MOE_SPEC.experts.shared_intermediate_size
 
 
 @pytest.mark.parametrize("adapter", ["r8", None])

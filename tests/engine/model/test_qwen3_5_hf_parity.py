@@ -1,11 +1,13 @@
-"""Our Qwen3.5 (gated-DeltaNet hybrid) against transformers' ``Qwen3_5ForCausalLM`` on tiny
-random configs: ours in fp32, the reference transformers' model in float64 (its delta rule
-replaced by the token-by-token recurrence it computes in chunks: transformers' own function
-casts to fp32). The bar is 1e-4 on logits and 1e-5 relative on gradients, or twice
-transformers' own fp32 error against the same float64 reference where that is larger: this
-architecture's fp32 noise sits at the bar (one ulp of weight noise moves transformers' fp32
-gradients by 4e-6..7e-6 relative; its fp32 logits differ from float64 by up to 1e-4 on some
-random configs, measured), so "no worse than transformers itself" is what fp32 can promise.
+"""Our Qwen3.5 (gated-DeltaNet hybrid), dense and MoE, against transformers'
+``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` on tiny random configs: ours in fp32, the
+reference transformers' model in float64 (its delta rule replaced by the token-by-token
+recurrence it computes in chunks: transformers' own function casts to fp32; its experts by
+their eager loop: its grouped GEMMs take no float64). The bar is 1e-4 on logits and 1e-5
+relative on gradients, or twice transformers' own fp32 error against the same float64
+reference where that is larger: this architecture's fp32 noise sits at the bar (one ulp of
+weight noise moves transformers' fp32 gradients by 4e-6..7e-6 relative; its fp32 logits
+differ from float64 by up to 1e-4 on some random configs, measured), so "no worse than
+transformers itself" is what fp32 can promise.
 
 Logits of packed sequences (crossing the delta rule's 64-position chunks) ≤ 1e-4, in
 batch-invariant and fast mode; the multimodal checkpoint layout (``model.language_model.*``
@@ -47,29 +49,45 @@ LENGTHS = [5, 70, 17, 1, 130, 64]
 #: nearly orthogonal to the few keys seen), where fp32 noise is amplified ~1000×.
 RMS_EPS = 1e-5
 LINEAR_SLICES = ("in_proj_q", "in_proj_k", "in_proj_v")
-#: (tie, overrides of `text_config`).
+#: (tie, overrides of `text_config`); ``moe`` configs are Qwen3.5-MoE (8 experts of width 32,
+#: top-2, a shared expert of width 48).
 CONFIGS: dict[str, tuple[bool, dict[str, Any]]] = {
     "hybrid-untied": (False, {}),
     "tied-one-key-head": (True, dict(linear_num_key_heads=1, linear_num_value_heads=4,
                                      layer_types=["linear_attention", "linear_attention",
                                                   "linear_attention", "full_attention"])),
+    "moe": (False, dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=48)),
 }
 
 
 def text_config(tie: bool, **overrides: Any) -> Any:
-    from transformers import Qwen3_5TextConfig
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
+    moe = "num_experts" in overrides
     kw: dict[str, Any] = dict(
-        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        vocab_size=320, hidden_size=64, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
         linear_conv_kernel_dim=4, max_position_embeddings=1024, tie_word_embeddings=tie,
         rms_norm_eps=RMS_EPS,
         layer_types=["linear_attention", "full_attention"] * 2)
     kw.update(overrides)
-    config = Qwen3_5TextConfig(**kw)
-    config.architectures = ["Qwen3_5ForCausalLM"]
+    if moe:
+        config: Any = Qwen3_5MoeTextConfig(**kw)
+        config.architectures = ["Qwen3_5MoeForCausalLM"]
+    else:
+        config = Qwen3_5TextConfig(**kw, intermediate_size=96)
+        config.architectures = ["Qwen3_5ForCausalLM"]
     return config
+
+
+def causal_lm(config: Any) -> Any:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
+
+    moe = config.architectures == ["Qwen3_5MoeForCausalLM"]
+    config._experts_implementation = "eager"  # a float64 reference (grouped_mm: no float64)
+    return (Qwen3_5MoeForCausalLM if moe else Qwen3_5ForCausalLM)(config)
 
 
 def randomise(model: Any, seed: int) -> Any:
@@ -123,15 +141,19 @@ def recurrent_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 @contextmanager
 def float64_reference() -> Iterator[None]:
     """transformers' Qwen3.5 with `recurrent_delta_rule` (so a float64 model stays float64)."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
 
-    saved = modeling.torch_chunk_gated_delta_rule, modeling.torch_recurrent_gated_delta_rule
-    modeling.torch_chunk_gated_delta_rule = recurrent_delta_rule
-    modeling.torch_recurrent_gated_delta_rule = recurrent_delta_rule
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    modules = (modeling_qwen3_5, modeling_qwen3_5_moe)
+    saved = [(m, n, getattr(m, n)) for m in modules for n in names]
+    for m, n, _ in saved:
+        setattr(m, n, recurrent_delta_rule)
     try:
         yield
     finally:
-        modeling.torch_chunk_gated_delta_rule, modeling.torch_recurrent_gated_delta_rule = saved
+        for m, n, fn in saved:
+            setattr(m, n, fn)
 
 
 def reference_logits(hf64: Any, seq: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -153,14 +175,12 @@ def within(ours: torch.Tensor, reference: tuple[torch.Tensor, float]) -> bool:
 def hf_qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """``make(name) -> (dir, the float64 reference model)``, cached; the directory holds the
     fp32 weights."""
-    from transformers import Qwen3_5ForCausalLM
-
     cache: dict[str, tuple[Path, Any]] = {}
 
     def make(name: str) -> tuple[Path, Any]:
         if name not in cache:
             tie, overrides = CONFIGS[name]
-            model = randomise(Qwen3_5ForCausalLM(text_config(tie, **overrides)), seed=0)
+            model = randomise(causal_lm(text_config(tie, **overrides)), seed=0)
             path = tmp_path_factory.mktemp(f"hf-qwen3_5-{name}")
             model.save_pretrained(path)
             cache[name] = (path, model.double())
@@ -244,7 +264,22 @@ def merged_parameters(hf_model: Any, adapter: Any) -> dict[str, torch.Tensor]:
     for target, w in adapter.weights.items():
         for i in range(w.a_L_Rk_I.shape[0]):
             layer = w.model_layer(i)
-            delta = s * w.b_L_O_Rk[i] @ w.a_L_Rk_I[i]
+            delta = s * torch.matmul(w.b_L_O_Rk[i], w.a_L_Rk_I[i])  # experts: broadcast
+            if target in ("w1", "w3", "w2"):
+                experts = f"model.layers.{layer}.mlp.experts"
+                if target == "w2":
+                    out[f"{experts}.down_proj"] = out.get(
+                        f"{experts}.down_proj", params[f"{experts}.down_proj"]) + delta
+                    continue
+                f = delta.shape[1]
+                pad = (0, 0, 0, f) if target == "w1" else (0, 0, f, 0)
+                name = f"{experts}.gate_up_proj"
+                out[name] = out.get(name, params[name]) + torch.nn.functional.pad(delta, pad)
+                continue
+            if target.startswith("shared_"):
+                name = f"model.layers.{layer}.mlp.shared_expert.{target[7:]}.weight"
+                out[name] = params[name] + delta
+                continue
             if target == "unembed":  # the head only, a tied one too (called untied)
                 base = params.get("lm_head.weight", params["model.embed_tokens.weight"])
                 out["lm_head.weight"] = base + delta
@@ -292,8 +327,10 @@ def test_lora_logits_and_gradients_match_transformers(hf_qwen3_5, name: str,
     model = load_model(path, EngineConfig(batch_invariant=invariant))
     bank = AdapterBank(model.spec, "cpu", max_rank=32)
     adapter = bank.create("a", LoraConfig(rank=RANK, alpha=ALPHA, seed=0))
+    mlp = ({"w1", "w2", "w3", "shared_gate_proj", "shared_down_proj"} if name == "moe"
+           else {"gate_proj"})
     assert {"q_proj", "in_proj_q", "in_proj_k", "in_proj_v", "in_proj_z", "out_proj",
-            "gate_proj", "unembed"} <= set(adapter.weights)
+            "unembed", *mlp} <= set(adapter.weights)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for w in adapter.weights.values():  # B ≠ 0 so every gradient path is exercised
