@@ -94,6 +94,9 @@ def config_dict(arch: str, size: str, token_ids: Mapping[str, int | None] | None
     if shape.rope_kind == "llama3":
         rope.update(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                     original_max_position_embeddings=2048)
+    if shape.rope_kind == "yarn":  # gpt-oss's (4,096 positions stretched to the context)
+        rope.update(factor=s.max_position_embeddings / 4096, beta_fast=32.0, beta_slow=1.0,
+                    truncate=False, original_max_position_embeddings=4096)
     if shape.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = shape.partial_rotary_factor
     text: dict[str, Any] = dict(
@@ -121,6 +124,8 @@ def _expert_keys(fam: Family, size: str) -> dict[str, Any]:
     if fam.experts == "none":
         return {}
     e = MOE_EXPERTS[size]
+    if fam.experts == "gpt_oss":  # its experts' width is intermediate_size (set already)
+        return dict(num_local_experts=e.num_experts, num_experts_per_tok=e.top_k)
     keys: dict[str, Any] = dict(num_experts=e.num_experts, num_experts_per_tok=e.top_k,
                                 moe_intermediate_size=e.expert_intermediate_size)
     if fam.experts == "qwen3_5_moe":  # always renormalised, every layer sparse

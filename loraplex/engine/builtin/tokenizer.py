@@ -58,6 +58,20 @@ QWEN3_5_CHAT_TEMPLATE = (
     "{{- '\n</think>\n\n' }}{%- endif %}"
     "{%- endif %}"
 )
+#: gpt-oss's Harmony format for text conversations, as the cookbook's ``gpt_oss`` renderer
+#: renders them: a system message carrying the reasoning effort, each turn
+#: ``<|start|>role<|message|>…<|end|>`` (an assistant turn on the ``final`` channel), the
+#: generation prompt ``<|start|>assistant``.
+HARMONY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' }}"
+    "{%- else %}"
+    "{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
 LLAMA_CHAT_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
@@ -110,6 +124,16 @@ TOKENIZER_FAMILIES = {
         bos=None, eos="<|im_end|>", pad="<|endoftext|>",
         generation_eos=("<|im_end|>", "<|endoftext|>"),
         chat_template=QWEN3_5_CHAT_TEMPLATE,
+    ),
+    # gpt-oss: the Harmony format's tokens (the template: see above).
+    "harmony": TokenizerFamily(
+        regex=QWEN_REGEX,
+        special=("<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>",
+                 "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"),
+        added=(),
+        bos="<|startoftext|>", eos="<|return|>", pad="<|endoftext|>",
+        generation_eos=("<|return|>", "<|endoftext|>", "<|call|>"),
+        chat_template=HARMONY_CHAT_TEMPLATE,
     ),
     "llama": TokenizerFamily(
         regex=LLAMA_REGEX,

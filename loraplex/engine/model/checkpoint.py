@@ -76,7 +76,9 @@ def load_weights(
                             IGNORED_SUFFIXES):
                         unexpected.append(name)
                     continue
-                tensors[name] = f.get_tensor(stored).to(device=device, dtype=dtype)
+                tensor = f.get_tensor(stored)  # MXFP4 blocks/scales stay integers
+                tensors[name] = (tensor.to(device=device, dtype=dtype)
+                                 if tensor.is_floating_point() else tensor.to(device))
     missing = sorted(known - names)
     if missing or unexpected:
         raise user_error("model", f"{model_dir}: checkpoint does not match config.json "

@@ -49,14 +49,31 @@ class SharedExpertWeights:
 
 
 @dataclass
+class ExpertBiases:
+    """The router's bias ``[E]`` and the experts' ``[gate; up]`` ``[E, 2f]`` and down
+    ``[E, d]`` biases (gpt-oss)."""
+
+    router_E: torch.Tensor
+    gate_up_E_2F: torch.Tensor
+    down_E_D: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.router_E, self.gate_up_E_2F, self.down_E_D)
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertBiases:
+        return ExpertBiases(*(fn(t) for t in self.tensors()))
+
+
+@dataclass
 class ExpertWeights:
     """Router ``[E, d]``, stacked ``[gate; up]`` ``[E, 2f, d]`` and down ``[E, d, f]``, and the
-    shared expert where the family has one."""
+    shared expert or the biases where the family has them."""
 
     router_E_D: torch.Tensor
     gate_up_E_2F_D: torch.Tensor
     down_E_D_F: torch.Tensor
     shared: SharedExpertWeights | None = None
+    biases: ExpertBiases | None = None
 
     @property
     def num_experts(self) -> int:
@@ -64,11 +81,13 @@ class ExpertWeights:
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         shared = () if self.shared is None else self.shared.tensors()
-        return (self.router_E_D, self.gate_up_E_2F_D, self.down_E_D_F, *shared)
+        biases = () if self.biases is None else self.biases.tensors()
+        return (self.router_E_D, self.gate_up_E_2F_D, self.down_E_D_F, *shared, *biases)
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ExpertWeights:
         return ExpertWeights(fn(self.router_E_D), fn(self.gate_up_E_2F_D), fn(self.down_E_D_F),
-                             None if self.shared is None else self.shared.map(fn))
+                             None if self.shared is None else self.shared.map(fn),
+                             None if self.biases is None else self.biases.map(fn))
 
 
 def shared_names(layer: int) -> dict[str, str]:
@@ -153,8 +172,8 @@ def expert_named_tensors(layer: int, weights: ExpertWeights) -> Iterator[tuple[s
         yield expert_name(layer, e, "up_proj"), weights.gate_up_E_2F_D[e, f:]
         yield expert_name(layer, e, "down_proj"), weights.down_E_D_F[e]
     if weights.shared is not None:
-        for f, name in shared_names(layer).items():
-            yield name, getattr(weights.shared, f)
+        for field_name, name in shared_names(layer).items():
+            yield name, getattr(weights.shared, field_name)
 
 
 def random_experts(experts: ExpertSpec, hidden_size: int,

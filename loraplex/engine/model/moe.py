@@ -14,6 +14,10 @@ slot (a fixed, row-local order). The LoRA deltas (Tinker's parameterisation, see
   results weighted and summed per token like the experts' outputs, then the shared ``B`` once
   per token (grouped over adapter segments): ``Σ_j w_j B A_j h_j = B Σ_j w_j A_j h_j``.
 
+gpt-oss: the router and each expert's projections add biases (each base row takes its
+expert's), the router softmaxes its top-k logits, and the activation is the clamped SwiGLU
+``(clamp(up, ±limit) + 1) · g·σ(α·g)``, ``g = min(gate, limit)``.
+
 A shared expert (Qwen3.5-MoE) is a dense gated MLP over every row, its output times
 ``sigmoid(gate · h)``, added to the routed experts' (transformers' order); LoRA adapts its
 three projections (``shared_gate_proj``, ``shared_up_proj``, ``shared_down_proj``), not its gate.
@@ -60,20 +64,27 @@ class SparseMlp:
 
     def __call__(self, h_R_D: torch.Tensor, tokens: TokenRows, lora: LoraBatch | None
                  ) -> torch.Tensor:
-        e = self.spec
+        e, biases = self.spec, self.weights.biases
         routing = route(h_R_D, tokens, self.router_W_D, e.num_experts, e.top_k,
-                        e.norm_topk_prob)
+                        e.norm_topk_prob, None if biases is None else biases.router_E,
+                        softmax_after_topk=e.router == "topk_softmax")
         dispatch = Dispatch.of(routing, tokens, e.num_experts, self.row_multiple)
+        expert_P = None if biases is None else _expert_of_rows(dispatch.offsets_E)
         lora_on = (lora is not None and dispatch.lora is not None
                    and "w1" in lora.targets and "w2" in lora.targets)
         x_P_D = h_R_D.index_select(0, dispatch.rows_P)
         y_P_2F = grouped_linear(x_P_D, self.weights.gate_up_E_2F_D, dispatch.offsets_E)
+        if biases is not None:
+            assert expert_P is not None
+            y_P_2F = y_P_2F + biases.gate_up_E_2F.index_select(0, expert_P)
         if lora_on:
             assert lora is not None and dispatch.lora is not None
             y_P_2F = y_P_2F + self._gate_up_delta(h_R_D, lora, dispatch.lora)
-        f = e.expert_intermediate_size
-        act_P_F = F.silu(y_P_2F[:, :f]) * y_P_2F[:, f:]
+        act_P_F = self._activation(y_P_2F)
         y_P_D = grouped_linear(act_P_F, self.weights.down_E_D_F, dispatch.offsets_E)
+        if biases is not None:
+            assert expert_P is not None
+            y_P_D = y_P_D + biases.down_E_D.index_select(0, expert_P)
         out_R_D = self._to_rows(combine(y_P_D, dispatch.slot_row_N_K, routing.weights_N_K),
                                 tokens)
         if lora_on:
@@ -85,6 +96,16 @@ class SparseMlp:
         if self.shared_gate_W_D is not None:
             out_R_D = out_R_D + self._shared(h_R_D, lora)
         return out_R_D
+
+    def _activation(self, y_P_2F: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate)·up, or gpt-oss's clamped SwiGLU."""
+        f, limit = self.spec.expert_intermediate_size, self.spec.swiglu_limit
+        gate, up = y_P_2F[:, :f], y_P_2F[:, f:]
+        if limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.spec.swiglu_alpha))
 
     def _shared(self, h_R_D: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         """The shared expert's output times its sigmoid gate, every row."""
@@ -138,6 +159,13 @@ class SparseMlp:
             return values_N_X
         out = values_N_X.new_zeros(tokens.num_rows, values_N_X.shape[1])
         return out.index_copy(0, tokens.real_N, values_N_X)
+
+
+def _expert_of_rows(offsets_E: torch.Tensor) -> torch.Tensor:
+    """The expert of every base-layout row (from the groups' ends)."""
+    sizes_E = torch.diff(offsets_E.long(), prepend=offsets_E.new_zeros(1).long())
+    return torch.repeat_interleave(torch.arange(offsets_E.shape[0], device=offsets_E.device),
+                                   sizes_E)
 
 
 def _padded_rows(weight_O_D: torch.Tensor, row_multiple: int) -> torch.Tensor:

@@ -82,10 +82,12 @@ class Routing:
 
 
 def route(h_R_D: torch.Tensor, tokens: TokenRows, router_W_D: torch.Tensor, num_experts: int,
-          top_k: int, norm_topk_prob: bool) -> Routing:
+          top_k: int, norm_topk_prob: bool, bias_E: torch.Tensor | None = None,
+          softmax_after_topk: bool = False) -> Routing:
     """transformers' ``Qwen3MoeTopKRouter`` on the routed rows: fp32 softmax of the router
     logits, top-k, optionally renormalised (summed slot by slot: row-local), weights in the
-    compute dtype.
+    compute dtype. With ``softmax_after_topk`` (gpt-oss's ``GptOssTopKRouter``): the top-k of
+    the logits (plus ``bias_E``), softmaxed in the compute dtype.
 
     The router GEMM runs on all batch rows (a multiple of the row multiple in batch-invariant
     mode, where a GEMM over just the real rows would not be row-invariant), then keeps the
@@ -96,6 +98,11 @@ def route(h_R_D: torch.Tensor, tokens: TokenRows, router_W_D: torch.Tensor, num_
     if not tokens.is_every_row:
         logits_R_X = logits_R_X.index_select(0, tokens.real_N)
     logits_N_E = logits_R_X[:, :num_experts].contiguous()
+    if bias_E is not None:
+        logits_N_E = logits_N_E + bias_E
+    if softmax_after_topk:
+        top_N_K, experts_N_K = torch.topk(logits_N_E, top_k, dim=-1)
+        return Routing(experts_N_K, torch.softmax(top_N_K, dim=-1, dtype=top_N_K.dtype))
     probs_N_E = torch.softmax(logits_N_E, dim=-1, dtype=torch.float32)
     weights_N_K, experts_N_K = torch.topk(probs_N_E, top_k, dim=-1)
     if norm_topk_prob:

@@ -8,14 +8,17 @@ and ``mlp_only_layers``: layer ``i`` routes its tokens to experts when ``i`` is 
 ``Qwen3MoeDecoderLayer``); the other layers keep a dense MLP of ``intermediate_size``.
 Qwen3.5-MoE: every layer sparse, the top-k always renormalised, and a shared expert
 (``shared_expert_intermediate_size``) beside the routed ones, its output scaled by
-``sigmoid(shared_expert_gate · h)``. Knows no tensors.
+``sigmoid(shared_expert_gate · h)``. gpt-oss (``num_local_experts``, the experts' width in
+``intermediate_size``): a router with a bias whose top-k *logits* are softmaxed, experts with
+biases, and a clamped SwiGLU (``swiglu_limit``, ``swiglu_alpha``: ``(up + 1) · g·σ(α·g)`` with
+``g ≤ limit``, ``|up| ≤ limit``). Knows no tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from loraplex.errors import user_error
 
@@ -32,6 +35,10 @@ class ExpertSpec:
             softmax probabilities of the chosen experts as they are).
         sparse_layers: the model layers with routed experts, ascending.
         shared_intermediate_size: the shared expert's width (0: none).
+        router: ``softmax_topk`` (top-k of the softmax, Qwen) or ``topk_softmax`` (softmax of
+            the top-k logits, gpt-oss).
+        biases: the router and the experts have biases (gpt-oss).
+        swiglu_limit, swiglu_alpha: gpt-oss's clamped SwiGLU (None: plain SiLU · up).
     """
 
     num_experts: int
@@ -40,6 +47,10 @@ class ExpertSpec:
     norm_topk_prob: bool
     sparse_layers: tuple[int, ...]
     shared_intermediate_size: int = 0
+    router: Literal["softmax_topk", "topk_softmax"] = "softmax_topk"
+    biases: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def is_sparse(self, layer: int) -> bool:
         return layer in self.sparse_layers
@@ -48,7 +59,8 @@ class ExpertSpec:
         """Router + experts (+ the shared expert and its gate) of one sparse layer."""
         e, d, f = self.num_experts, hidden_size, self.expert_intermediate_size
         shared = 3 * d * self.shared_intermediate_size + d if self.shared_intermediate_size else 0
-        return e * d + e * 3 * d * f + shared
+        biases = e + e * (2 * f + d) if self.biases else 0
+        return e * d + e * 3 * d * f + shared + biases
 
 
 def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = False
@@ -83,3 +95,23 @@ def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = Fal
     return ExpertSpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=size,
                       norm_topk_prob=bool(config.get("norm_topk_prob", shared)),
                       sparse_layers=sparse, shared_intermediate_size=shared_size)
+
+
+def parse_gpt_oss_experts(config: Mapping[str, Any], num_layers: int) -> ExpertSpec:
+    """The experts of a ``gpt_oss`` config (every layer sparse)."""
+    num_experts = config.get("num_local_experts") or config.get("num_experts")
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise user_error("config.num_local_experts",
+                         f"must be a positive integer, got {num_experts!r}")
+    top_k = config.get("num_experts_per_tok")
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise user_error("config.num_experts_per_tok",
+                         f"must be in [1, num_local_experts={num_experts}], got {top_k!r}")
+    size = config.get("intermediate_size")
+    if not isinstance(size, int) or size < 1:
+        raise user_error("config.intermediate_size", f"must be a positive integer, got {size!r}")
+    return ExpertSpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=size,
+                      norm_topk_prob=False, sparse_layers=tuple(range(num_layers)),
+                      router="topk_softmax", biases=True,
+                      swiglu_limit=float(config.get("swiglu_limit", 7.0)),
+                      swiglu_alpha=float(config.get("swiglu_alpha", 1.702)))

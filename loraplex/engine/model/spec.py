@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard, MoeSpec
@@ -29,7 +29,7 @@ from loraplex.engine.model.linear_attention_spec import (
     parse_layer_types,
     parse_linear_attention,
 )
-from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts
+from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts, parse_gpt_oss_experts
 from loraplex.engine.model.rope_spec import RopeSpec, rope_of
 from loraplex.engine.model.stage import Stage
 from loraplex.errors import user_error
@@ -246,7 +246,7 @@ class ModelSpec:
             outer = {k: v for k, v in config.items() if k not in (fam.text_config,
                                                                    "vision_config")}
             config = {**outer, **config[fam.text_config]}
-        _refuse_unsupported(config)
+        _refuse_unsupported(config, fam)
         num_heads = int(config["num_attention_heads"])
         num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
         hidden = int(config["hidden_size"])
@@ -258,8 +258,7 @@ class ModelSpec:
         eos = _eos_ids(config, generation_config or {})
         bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
         num_layers = int(config["num_hidden_layers"])
-        experts = (parse_experts(config, num_layers, shared=fam.experts == "qwen3_5_moe")
-                   if fam.experts != "none" else None)
+        experts = _experts_of(fam, config, num_layers)
         layer_types = parse_layer_types(config, num_layers, fam.layer_types)
         return ModelSpec(
             arch=arch,
@@ -281,6 +280,8 @@ class ModelSpec:
             linear=(parse_linear_attention(config) if "linear_attention" in layer_types
                     else None),
             weight_prefix=fam.text_prefix if nested else "model.",
+            sliding_window=(int(config["sliding_window"]) if "sliding_attention" in layer_types
+                            else None),
         )
 
 
@@ -302,20 +303,39 @@ def _family_of(config: Mapping[str, Any]) -> Family:
     return found
 
 
-def _refuse_unsupported(config: Mapping[str, Any]) -> None:
+def _refuse_unsupported(config: Mapping[str, Any], fam: Family) -> None:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise user_error("config.hidden_act", f"only silu is supported, got {act!r}")
-    for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
+    refused = ["mlp_bias", "use_sliding_window"] + ([] if fam.attention_bias
+                                                     else ["attention_bias"])
+    for key in refused:
         if config.get(key):
             raise user_error(f"config.{key}", "is not supported by this engine")
-    if config.get("quantization_config"):
-        raise user_error("config.quantization_config", "quantized checkpoints are not supported")
+    quantization = config.get("quantization_config")
+    if quantization and not (fam.experts == "gpt_oss"
+                             and quantization.get("quant_method") == "mxfp4"):
+        raise user_error("config.quantization_config",
+                         "quantized checkpoints are not supported (but gpt-oss's MXFP4 experts)")
+
+
+def _experts_of(fam: Family, config: Mapping[str, Any], num_layers: int) -> ExpertSpec | None:
+    match fam.experts:
+        case "none":
+            return None
+        case "gpt_oss":
+            return parse_gpt_oss_experts(config, num_layers)
+        case "qwen3_moe" | "qwen3_5_moe":
+            return parse_experts(config, num_layers, shared=fam.experts == "qwen3_5_moe")
+        case _ as unknown:
+            assert_never(unknown)
 
 
 def _intermediate_size(config: Mapping[str, Any], experts: ExpertSpec | None) -> int:
     """The dense MLPs' width; a MoE config whose layers are all sparse may have none
-    (Qwen3.5-MoE): 0 then."""
+    (Qwen3.5-MoE; gpt-oss's ``intermediate_size`` is its experts'): 0 then."""
+    if experts is not None and experts.router == "topk_softmax":
+        return 0
     if "intermediate_size" in config:
         return int(config["intermediate_size"])
     if experts is not None and len(experts.sparse_layers) == int(config["num_hidden_layers"]):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from loraplex.engine.model import delta_net_weights
+from loraplex.engine.model import delta_net_weights, gpt_oss_experts
 from loraplex.engine.model.delta_net_weights import DeltaNetWeights, random_delta_net
 from loraplex.engine.model.expert_weights import (
     ExpertWeights,
@@ -155,7 +155,9 @@ class BaseWeights:
             if layer.linear is not None:
                 yield from delta_net_weights.named_tensors(i, layer.linear)
             if layer.experts is not None:
-                yield from expert_named_tensors(i, layer.experts)
+                yield from (gpt_oss_experts.named_tensors(i, layer.experts)
+                            if layer.experts.biases is not None
+                            else expert_named_tensors(i, layer.experts))
         yield "model.norm.weight", final_norm - 1 if centred else final_norm
         if not spec.tie_word_embeddings:
             yield "lm_head.weight", lm_head
@@ -230,7 +232,8 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
                 values[name] = norm(values[name])  # type: ignore[arg-type]
         experts = None
         if spec.experts is not None and spec.is_sparse(i):
-            experts = experts_from_hf(spec.experts, g, tensors)
+            experts = (gpt_oss_experts.from_hf(spec.experts, g, tensors) if spec.experts.biases
+                       else experts_from_hf(spec.experts, g, tensors))
         linear = delta_net_weights.from_hf(g, tensors) if spec.is_linear(i) else None
         layers.append(LayerWeights(**values, linear=linear, experts=experts))  # type: ignore[arg-type]
     embed = tensors["model.embed_tokens.weight"] if spec.holds_embed else None
@@ -241,11 +244,17 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
 
 
 def fused_expert_layers(spec: ModelSpec, names: Collection[str]) -> tuple[int, ...]:
-    """The sparse layers whose experts ``names`` (a checkpoint's) hold in the fused layout."""
+    """The sparse layers whose experts ``names`` (a checkpoint's) hold in the fused layout
+    (gpt-oss's, always fused: in MXFP4)."""
     experts = spec.experts
-    return () if experts is None else tuple(
-        i for i in experts.sparse_layers
-        if fused_name(spec.first_layer + i, "gate_up_proj") in names)
+    if experts is None:
+        return ()
+    if experts.biases:
+        present = frozenset(names)
+        return tuple(i for i in experts.sparse_layers
+                     if gpt_oss_experts.is_quantized(spec.first_layer + i, present))
+    return tuple(i for i in experts.sparse_layers
+                 if fused_name(spec.first_layer + i, "gate_up_proj") in names)
 
 
 def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[str]:
@@ -264,7 +273,9 @@ def expected_names(spec: ModelSpec, fused_layers: Collection[int] = ()) -> set[s
         if spec.is_linear(i):
             names.update(delta_net_weights.hf_names(g).values())
         if spec.experts is not None and spec.is_sparse(i):
-            names.update(expert_names(spec.experts, g, fused=i in fused_layers))
+            names.update(gpt_oss_experts.names(g, quantized=i in fused_layers)
+                         if spec.experts.biases
+                         else expert_names(spec.experts, g, fused=i in fused_layers))
     return names
 
 
@@ -291,6 +302,8 @@ def random_weights(spec: ModelSpec, seed: int, std: float = 0.02) -> BaseWeights
                 layer.q_norm, layer.k_norm = torch.ones(spec.head_dim), torch.ones(spec.head_dim)
         if spec.experts is not None and spec.is_sparse(i):
             layer.experts = random_experts(spec.experts, d, normal)
+            if spec.experts.biases:
+                layer.experts.biases = gpt_oss_experts.random_biases(spec.experts, d, normal)
         else:
             layer.gate_proj, layer.up_proj, layer.down_proj = (
                 normal(ff, d), normal(ff, d), normal(d, ff))
