@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,24 @@ def tiny_moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return create_builtin_model(tmp_path_factory.mktemp("builtin") / "tiny-qwen3-moe",
                                 "qwen3_moe", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def builtin_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``make(name)``: the built-in ``builtin:<name>`` (seed 0), created once per session."""
+    from loraplex.engine.builtin.model import create_builtin_model
+    from loraplex.engine.model.family import builtin_names
+
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            arch, size = builtin_names()[name]
+            made[name] = create_builtin_model(tmp_path_factory.mktemp("builtin") / name, arch,
+                                              size, seed=0)
+        return made[name]
+
+    return make
 
 
 @pytest.fixture(scope="session")

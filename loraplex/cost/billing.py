@@ -8,8 +8,11 @@ with the configured sheet (`MeteringConfig`), a served NAME mapping to a sheet m
 * ``cache_aware``: a group's shared prompt is billed once and its other ``G - 1`` copies, like
   the engine's own prefix-cache hits, at ``cached_prefill_ratio`` × prefill.
 
-A mixture-of-experts model served under a NAME that the sheet neither lists nor maps is priced
-as the sheet model of the nearest *active* parameter count (`Biller` ``active_params``, which
+A model a built-in sheet does not list but another built-in sheet does (Qwen3.5 and gpt-oss are
+absent from the January 2026 default) takes its catalogue rates from the newest sheet listing
+it (`with_later_models`; the sheet's ``inferred`` says which). A mixture-of-experts model served
+under a NAME that no sheet lists nor the config maps is priced as the sheet model of the
+nearest *active* parameter count (`Biller` ``active_params``, which
 the server fills for its MoE models): one with 3B of 30B parameters active is priced like
 Qwen3-30B-A3B, not like a dense 30B model; other unknown names get ``default_model``.
 Storage is not metered yet (billed at 0). No I/O: callers pass the rows.
@@ -20,11 +23,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from loraplex.config import MeteringConfig
 from loraplex.cost.cards.models import MODEL_CARDS
-from loraplex.cost.price_sheets import get_price_sheet, price_sheet_from_mapping
+from loraplex.cost.price_sheets import PRICE_SHEETS, get_price_sheet, price_sheet_from_mapping
 from loraplex.cost.pricing import (
     BILLING_MODES,
     Bill,
@@ -100,9 +103,10 @@ class Biller:
                  active_params: Mapping[str, int] | None = None) -> None:
         self.config = config
         self.active_params = dict(active_params or {})
-        self.sheet: PriceSheet = (price_sheet_from_mapping(config.price_table, "price_table")
-                                  if config.price_table is not None
-                                  else get_price_sheet(config.price_sheet))
+        own = (price_sheet_from_mapping(config.price_table, "price_table")
+               if config.price_table is not None else get_price_sheet(config.price_sheet))
+        self._own_models = sorted(own.prices)  # what an unknown MoE is matched against
+        self.sheet: PriceSheet = own if config.price_table is not None else with_later_models(own)
         for model in (config.default_model, *config.model_map.values()):
             self.sheet.price_for(model)
         if config.cached_prefill_ratio is not None and not 0 <= config.cached_prefill_ratio <= 1:
@@ -123,7 +127,7 @@ class Biller:
         """The sheet model (with a catalogued card) whose active parameter count is nearest
         ``active_params`` in ratio (the default model when none has a card)."""
         known = [(abs(math.log(MODEL_CARDS[m].active_params / max(active_params, 1))), m)
-                 for m in sorted(self.sheet.prices) if m in MODEL_CARDS]
+                 for m in self._own_models if m in MODEL_CARDS]
         return min(known)[1] if known else self.config.default_model
 
     def summarize(self, run_id: str | None, rows: Iterable[tuple[UsageKey, UsageCounts]]
@@ -164,6 +168,22 @@ class Biller:
     def _price(self, served_name: str, counts: UsageCounts, mode: BillingMode) -> Bill:
         return price_usage(token_usage(counts), self.sheet, self.sheet_model(served_name),
                            mode, self.ratio if mode == "cache_aware" else None)
+
+
+def with_later_models(sheet: PriceSheet) -> PriceSheet:
+    """``sheet`` plus the catalogue rates of every model only other built-in sheets list, each
+    from the newest sheet listing it (noted in ``inferred``); its own rates are unchanged."""
+    extra: dict[str, PriceSheet] = {}  # model → the newest sheet listing it
+    for other in sorted(PRICE_SHEETS.values(), key=lambda s: s.effective):
+        for model in other.prices:
+            if model not in sheet.prices:
+                extra[model] = other
+    if not extra:
+        return sheet
+    prices = {**{m: other.prices[m] for m, other in extra.items()}, **sheet.prices}
+    inferred = {**{m: f"not on this sheet: {other.name}'s rates" for m, other in extra.items()},
+                **(sheet.inferred or {})}
+    return replace(sheet, prices=prices, inferred=inferred)
 
 
 def _sum_bills(bills: Iterable[Bill]) -> Bill:

@@ -149,3 +149,22 @@ def test_an_unlisted_moe_is_priced_by_its_active_parameters() -> None:
     rows = [(key("ForwardBackward", model="local/moe-a3b"), COUNTS)]
     bill = biller.summarize("s:train:0", rows).bills["per_rollout"]
     assert bill.train_usd == pytest.approx(200 * 0.36 / 1e6)  # Qwen3-30B-A3B's train rate
+
+
+def test_a_model_only_later_sheets_list_takes_the_newest_listing_rates() -> None:
+    """The January 2026 default predates Qwen3.5: a served ``Qwen/Qwen3.5-4B`` is billed at
+    its catalogue rates of the June sheet, ``Qwen/Qwen3.6-35B-A3B`` at October's; the default
+    sheet's own rates do not change."""
+    biller = Biller(MeteringConfig())
+    assert biller.sheet.name == "tinker-2026-01-05"
+    train_only = UsageCounts(trained_tokens=1_000_000)
+
+    def train_usd(model: str) -> float:
+        rows = [(key("ForwardBackward", model=model), train_only)]
+        return biller.summarize(None, rows).bills["per_rollout"].train_usd
+
+    assert train_usd("Qwen/Qwen3.5-4B") == pytest.approx(0.67)
+    assert train_usd("Qwen/Qwen3.6-35B-A3B") == pytest.approx(1.605)
+    assert train_usd("openai/gpt-oss-20b") == pytest.approx(0.36)
+    assert train_usd("Qwen/Qwen3-30B-A3B") == pytest.approx(0.36)  # the sheet's own
+    assert "tinker-2026-06" in (biller.sheet.inferred or {})["Qwen/Qwen3.5-4B"]

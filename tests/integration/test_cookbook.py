@@ -157,11 +157,15 @@ def test_math_rl_recipe_sampler_and_trainer_agree(
 
 
 def test_cookbook_renderers_work_on_the_builtin_tokenizers(cookbook_python: str) -> None:
-    """`tests/engine/builtin/test_builtin_renderers.py` needs `tinker_cookbook`, which lives only
-    in the cookbook venv (the project venv skips it): run it there."""
-    test_file = Path(__file__).resolve().parents[1] / "engine/builtin/test_builtin_renderers.py"
+    """`tests/engine/builtin/test_builtin_renderers.py` and `test_family_renderers.py` (the
+    Qwen3.5 and gpt-oss renderers against the built-ins' chat templates, token for token) need
+    `tinker_cookbook`, which lives only in the cookbook venv (the project venv skips them): run
+    them there."""
+    tests = Path(__file__).resolve().parents[1] / "engine/builtin"
     done = subprocess.run([cookbook_python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(test_file)], cwd=Path(__file__).resolve().parents[2],
+                           str(tests / "test_builtin_renderers.py"),
+                           str(tests / "test_family_renderers.py")],
+                          cwd=Path(__file__).resolve().parents[2],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    assert "6 passed" in done.stdout, done.stdout[-2000:]
+    assert "16 passed" in done.stdout, done.stdout[-2000:]

@@ -58,14 +58,26 @@ QWEN3_5_CHAT_TEMPLATE = (
     "{{- '\n</think>\n\n' }}{%- endif %}"
     "{%- endif %}"
 )
-#: gpt-oss's Harmony format for text conversations, as the cookbook's ``gpt_oss`` renderer
-#: renders them: a system message carrying the reasoning effort, each turn
-#: ``<|start|>role<|message|>…<|end|>`` (an assistant turn on the ``final`` channel), the
-#: generation prompt ``<|start|>assistant``.
+#: gpt-oss's Harmony format for text conversations, as the cookbook's ``gpt_oss_*`` renderers
+#: render them: with ``reasoning_effort`` (``low`` / ``medium`` / ``high``) the system preamble
+#: naming it (and today's date), without it none (``gpt_oss_no_sysprompt``); a system message
+#: becomes the developer's instructions; each turn ``<|start|>role<|message|>…<|end|>``, an
+#: assistant turn on the ``final`` channel, the conversation's last one (a training target)
+#: ending in ``<|return|>``; the generation prompt ``<|start|>assistant``.
 HARMONY_CHAT_TEMPLATE = (
+    "{%- if reasoning_effort is defined %}"
+    "{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI."
+    "\nKnowledge cutoff: 2024-06\nCurrent date: ' + strftime_now('%Y-%m-%d')"
+    " + '\n\nReasoning: ' + reasoning_effort + '\n\n# Valid channels: analysis, commentary,"
+    " final. Channel must be included for every message.<|end|>' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' }}"
+    "{%- if message['role'] == 'system' %}"
+    "{{- '<|start|>developer<|message|># Instructions\n\n' + message['content']"
+    " + '\n\n<|end|>' }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] }}"
+    "{{- '<|return|>' if loop.last and not add_generation_prompt else '<|end|>' }}"
     "{%- else %}"
     "{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' }}"
     "{%- endif %}"
