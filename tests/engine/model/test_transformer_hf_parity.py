@@ -123,3 +123,24 @@ def test_model_info_counts_match_transformers(hf_model_factory) -> None:
         assert info.num_params == sum(p.numel() for p in hf_model.parameters())
         assert info.arch == "llama" and info.card.num_kv_heads == 2 and info.max_context == 1024
         assert info.card.tie_word_embeddings == tie
+
+
+def test_yarn_rope_matches_transformers(tmp_path: Path) -> None:
+    """Qwen3 with YaRN scaling (its long-context recipe: factor 4 over 256 original positions
+    here, sequences past them), as transformers computes the frequencies and cos/sin factor."""
+    from transformers import Qwen3Config
+
+    from tests.engine.conftest import build_hf_model
+
+    config = Qwen3Config(vocab_size=320, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                          "original_max_position_embeddings": 256})
+    hf_model = build_hf_model(config)
+    hf_model.save_pretrained(tmp_path)
+    model = load_model(tmp_path, EngineConfig())
+    assert model.spec.rope.kind == "yarn" and model.spec.rope.attention_factor > 1
+    seqs = random_sequences(model.spec.vocab_size, [300, 40], seed=9)
+    for seq, ours in zip(seqs, packed_logits(model, seqs), strict=True):
+        assert (ours - hf_logits(hf_model, seq)).abs().max().item() <= TOL
