@@ -39,11 +39,13 @@ def attended_positions(start: float, new: float, window: float | None = None) ->
 
 
 def attention_flops(card: ModelCard, new: float, start: float = 0.0) -> float:
-    """Attention FLOPs (``QKᵀ`` and ``P·V``) of ``new`` tokens after ``start`` cached ones."""
+    """Attention FLOPs (``QKᵀ`` and ``P·V``) of ``new`` tokens after ``start`` cached ones; a
+    hybrid's linear-attention layers cost the same for every token, whatever the context."""
     per_layer = card.attention_flops_per_position_per_layer
     full = card.num_full_attention_layers * attended_positions(start, new)
     sliding = card.num_sliding_layers * attended_positions(start, new, card.sliding_window)
-    return per_layer * (full + sliding)
+    linear = card.num_linear_layers * card.linear_flops_per_token_per_layer * new
+    return per_layer * (full + sliding) + linear
 
 
 def forward_flops(card: ModelCard, new: float, start: float = 0.0) -> float:

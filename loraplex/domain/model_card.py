@@ -15,7 +15,7 @@ from typing import Literal
 
 from loraplex.errors import user_error
 
-LinearKind = Literal["attn", "mlp", "expert", "router", "unembed"]
+LinearKind = Literal["attn", "mlp", "expert", "router", "unembed", "frozen"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,28 @@ class MlaSpec:
 
 
 @dataclass(frozen=True)
+class LinearAttentionCard:
+    """Gated-DeltaNet (linear attention) layers of a hybrid model (Qwen3.5): how many, and
+    config.json ``linear_num_key_heads``, ``linear_key_head_dim``, ``linear_num_value_heads``,
+    ``linear_value_head_dim``. Such a layer keeps a fixed-size state per sequence instead of a
+    KV cache."""
+
+    num_layers: int
+    num_k_heads: int
+    k_head_dim: int
+    num_v_heads: int
+    v_head_dim: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+
+@dataclass(frozen=True)
 class MoeSpec:
     """Routed experts: config.json ``n_routed_experts``/``num_experts``, ``num_experts_per_tok``,
     ``moe_intermediate_size``, ``n_shared_experts`` and ``first_k_dense_replace`` (leading
@@ -78,6 +100,8 @@ class ModelCard:
         mla: set for multi-head latent attention (then num_kv_heads/head_dim are unused).
         moe: set for mixture-of-experts MLPs.
         sliding_window, num_sliding_layers: layers attending to a bounded window (gpt-oss).
+        linear: the linear-attention layers of a hybrid model (the others attend fully).
+        attention_gate: the query projection also yields an output gate (twice as wide).
         weight_bytes_per_param: bytes per weight of the published checkpoint (2 bf16, 1 fp8).
         source: which public config the numbers are copied from (the publishers' headline
             parameter counts are checked in tests/cost/cards/test_model_cards.py).
@@ -96,6 +120,8 @@ class ModelCard:
     moe: MoeSpec | None = None
     sliding_window: int | None = None
     num_sliding_layers: int = 0
+    linear: LinearAttentionCard | None = None
+    attention_gate: bool = False
     weight_bytes_per_param: float = 2.0
     source: str = ""
 
@@ -103,10 +129,15 @@ class ModelCard:
         for field in ("num_layers", "hidden_size", "num_heads", "head_dim", "vocab_size"):
             if getattr(self, field) < 1:
                 raise user_error(f"model.{field}", "must be a positive integer")
-        if self.num_sliding_layers > self.num_layers:
-            raise user_error("model.num_sliding_layers", "exceeds num_layers")
+        if self.num_sliding_layers + self.num_linear_layers > self.num_layers:
+            raise user_error("model.num_sliding_layers", "with the linear layers, exceeds "
+                                                         "num_layers")
         if self.num_sliding_layers and not self.sliding_window:
             raise user_error("model.sliding_window", "needed when num_sliding_layers > 0")
+
+    @property
+    def num_linear_layers(self) -> int:
+        return 0 if self.linear is None else self.linear.num_layers
 
     @property
     def is_moe(self) -> bool:
@@ -129,15 +160,17 @@ class ModelCard:
             "lm_head", "unembed", self.hidden_size, self.vocab_size, 1, 1))
 
     def _attention_groups(self) -> tuple[LinearGroup, ...]:
-        h, n, L = self.hidden_size, self.num_heads, self.num_layers
+        h, n = self.hidden_size, self.num_heads
+        L = self.num_layers - self.num_linear_layers
 
         def g(name: str, d_in: int, d_out: int) -> LinearGroup:
             return LinearGroup(name, "attn", d_in, d_out, L, L)
 
         if self.mla is None:
             kv = self.num_kv_heads * self.head_dim
-            return (g("q_proj", h, n * self.head_dim), g("k_proj", h, kv), g("v_proj", h, kv),
-                    g("o_proj", n * self.head_dim, h))
+            q_out = n * self.head_dim * (2 if self.attention_gate else 1)
+            return (g("q_proj", h, q_out), g("k_proj", h, kv), g("v_proj", h, kv),
+                    g("o_proj", n * self.head_dim, h), *self._linear_groups())
         m = self.mla
         q_out = n * self.qk_head_dim
         q = ((g("q_proj", h, q_out),) if m.q_lora_rank is None else
@@ -145,6 +178,23 @@ class ModelCard:
         return (*q, g("kv_a_proj_with_mqa", h, m.kv_lora_rank + m.qk_rope_head_dim),
                 g("kv_b_proj", m.kv_lora_rank, n * (m.qk_nope_head_dim + m.v_head_dim)),
                 g("o_proj", n * m.v_head_dim, h))
+
+    def _linear_groups(self) -> tuple[LinearGroup, ...]:
+        """A linear-attention layer's projections as Tinker adapts them: ``in_proj_qkv`` as
+        its q, k and v slices, ``in_proj_z``, ``out_proj``; ``in_proj_b``/``in_proj_a`` (one
+        value per head) are never adapted."""
+        if self.linear is None:
+            return ()
+        m, h, n = self.linear, self.hidden_size, self.linear.num_layers
+
+        def g(name: str, d_in: int, d_out: int, kind: LinearKind = "attn") -> LinearGroup:
+            return LinearGroup(name, kind, d_in, d_out, n, n)
+
+        return (g("linear_attn.in_proj_q", h, m.key_dim), g("linear_attn.in_proj_k", h, m.key_dim),
+                g("linear_attn.in_proj_v", h, m.value_dim),
+                g("linear_attn.in_proj_z", h, m.value_dim),
+                g("linear_attn.in_proj_ba", h, 2 * m.num_v_heads, "frozen"),
+                g("linear_attn.out_proj", m.value_dim, h))
 
     def _mlp_groups(self) -> tuple[LinearGroup, ...]:
         h = self.hidden_size
@@ -223,8 +273,7 @@ class ModelCard:
         latent plus the shared rope key: ``layers · (kv_lora_rank + qk_rope_head_dim) · bytes``.
         Sliding-window layers are excluded here (see `kv_bytes_sliding_per_token`).
         """
-        full_layers = self.num_layers - self.num_sliding_layers
-        return full_layers * self._kv_values_per_layer() * bytes_per_value
+        return self.num_full_attention_layers * self._kv_values_per_layer() * bytes_per_value
 
     def kv_bytes_sliding_per_token(self, bytes_per_value: float = 2.0) -> float:
         """Like `kv_bytes_per_token` for the sliding-window layers (hold ≤ window tokens)."""
@@ -271,7 +320,8 @@ class ModelCard:
         return float(self.hidden_size * layers + inner * count)
 
     def _lora_targets(self, attn: bool, mlp: bool, unembed: bool) -> tuple[LinearGroup, ...]:
-        wanted = {"attn": attn, "mlp": mlp, "expert": mlp, "unembed": unembed, "router": False}
+        wanted = {"attn": attn, "mlp": mlp, "expert": mlp, "unembed": unembed, "router": False,
+                  "frozen": False}
         return tuple(g for g in self.linear_groups() if wanted[g.kind])
 
     @property
@@ -282,4 +332,24 @@ class ModelCard:
 
     @property
     def num_full_attention_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers
+        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
+
+    def linear_state_bytes(self, bytes_per_value: float = 4.0) -> float:
+        """Bytes of one sequence's recurrent state in every linear-attention layer (a
+        ``k_head_dim × v_head_dim`` matrix per value head, kept in fp32), whatever its
+        length: what such a layer holds instead of a KV cache."""
+        m = self.linear
+        if m is None:
+            return 0.0
+        return m.num_layers * m.num_v_heads * m.k_head_dim * m.v_head_dim * bytes_per_value
+
+    @property
+    def linear_flops_per_token_per_layer(self) -> float:
+        """FLOPs of the chunked delta rule per token and linear layer (chunks of 64): the
+        state read and update, ``2·2·Hv·dk·dv``, and the in-chunk products and triangular
+        solves, ``≈ 2·Hv·64·(3·dk + 2·dv)``."""
+        m = self.linear
+        if m is None:
+            return 0.0
+        return 2.0 * m.num_v_heads * (2 * m.k_head_dim * m.v_head_dim
+                                      + 64 * (3 * m.k_head_dim + 2 * m.v_head_dim))

@@ -9,7 +9,7 @@ its own (`ModelInfo.card`, built by the engine from its config.json).
 from __future__ import annotations
 
 from loraplex.cost.catalogue import look_up
-from loraplex.domain.model_card import MlaSpec, ModelCard, MoeSpec
+from loraplex.domain.model_card import LinearAttentionCard, MlaSpec, ModelCard, MoeSpec
 
 _QWEN3_FIELDS = ("hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
                  "num_key_value_heads, head_dim, vocab_size, tie_word_embeddings")
@@ -42,6 +42,29 @@ def _llama3(repo: str, num_layers: int, hidden_size: int, num_heads: int,
         name=repo, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
         num_kv_heads=8, head_dim=128, intermediate_size=intermediate_size, vocab_size=128256,
         source=f"huggingface.co/{repo} config.json: {_LLAMA3_FIELDS}")
+
+
+_QWEN3_5_FIELDS = ("text_config: hidden_size, intermediate_size or moe_intermediate_size and "
+                   "shared_expert_intermediate_size, num_hidden_layers, num_attention_heads, "
+                   "num_key_value_heads, head_dim 256, linear_num_key_heads 16, "
+                   "linear_key_head_dim 128, linear_num_value_heads, linear_value_head_dim "
+                   "128, full_attention_interval 4 (a quarter of the layers attend fully), "
+                   "vocab_size 248320; text model only (the vision tower and the MTP layer "
+                   "are not counted); LoRA counts checked against tinker-cookbook 0.6.1")
+
+
+def _qwen3_5(repo: str, num_layers: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+             intermediate_size: int, linear_value_heads: int, moe: MoeSpec | None = None,
+             tied: bool = False) -> ModelCard:
+    """A Qwen3.5 / 3.6 card: three gated-DeltaNet layers of four, gated full attention."""
+    return ModelCard(
+        name=repo, num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=256, intermediate_size=intermediate_size,
+        vocab_size=248320, tie_word_embeddings=tied, moe=moe, attention_gate=True,
+        linear=LinearAttentionCard(num_layers=num_layers * 3 // 4, num_k_heads=16,
+                                   k_head_dim=128, num_v_heads=linear_value_heads,
+                                   v_head_dim=128),
+        source=f"huggingface.co/{repo} config.json {_QWEN3_5_FIELDS}")
 
 
 def _kimi_k2(repo: str, weight_bytes_per_param: float, dtype_note: str) -> ModelCard:
@@ -100,6 +123,23 @@ MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
                "intermediate_size, num_hidden_layers, num_attention_heads, "
                "num_key_value_heads, head_dim, num_local_experts, num_experts_per_tok, "
                "vocab_size, sliding_window, layer_types (alternating sliding/full)"),
+    ModelCard(
+        name="openai/gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64,
+        num_kv_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
+        moe=MoeSpec(num_experts=32, top_k=4, expert_intermediate_size=2880),
+        sliding_window=128, num_sliding_layers=12, weight_bytes_per_param=0.6,
+        source="huggingface.co/openai/gpt-oss-20b config.json: the 120b's fields (24 layers, "
+               "32 experts); MXFP4 experts: ~13 GB for 21B weights"),
+    _qwen3_5("Qwen/Qwen3.5-4B", 32, 2560, 16, 4, 9216, 32, tied=True),
+    _qwen3_5("Qwen/Qwen3.5-27B", 64, 5120, 24, 4, 17408, 48),
+    _qwen3_5("Qwen/Qwen3.6-27B", 64, 5120, 24, 4, 17408, 48),
+    *(_qwen3_5(repo, 40, 2048, 16, 2, 0, 32,
+               moe=MoeSpec(num_experts=256, top_k=8, expert_intermediate_size=512,
+                           num_shared_experts=1))
+      for repo in ("Qwen/Qwen3.5-35B-A3B", "Qwen/Qwen3.5-35B-A3B-Base", "Qwen/Qwen3.6-35B-A3B")),
+    _qwen3_5("Qwen/Qwen3.5-397B-A17B", 60, 4096, 32, 2, 0, 64,
+             moe=MoeSpec(num_experts=512, top_k=10, expert_intermediate_size=1024,
+                         num_shared_experts=1)),
 )}
 
 

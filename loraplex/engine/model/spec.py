@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, assert_never
 
 from loraplex.domain.model import ModelInfo
-from loraplex.domain.model_card import ModelCard, MoeSpec
+from loraplex.domain.model_card import LinearAttentionCard, ModelCard, MoeSpec
 from loraplex.engine.model.family import (
     FAMILIES,
     Family,
@@ -208,6 +208,9 @@ class ModelSpec:
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             intermediate_size=self.intermediate_size, vocab_size=self.vocab_size,
             tie_word_embeddings=self.tie_word_embeddings, moe=self._moe_card(),
+            sliding_window=self.sliding_window,
+            num_sliding_layers=self.layer_types.count("sliding_attention"),
+            linear=self._linear_card(), attention_gate=self.family.attention_gate,
             source="config.json")
         return ModelInfo(
             arch=self.arch, card=card,
@@ -221,7 +224,16 @@ class ModelSpec:
             return None
         return MoeSpec(num_experts=e.num_experts, top_k=e.top_k,
                        expert_intermediate_size=e.expert_intermediate_size,
+                       num_shared_experts=1 if e.shared_intermediate_size else 0,
                        num_dense_layers=self.num_layers - len(e.sparse_layers))
+
+    def _linear_card(self) -> LinearAttentionCard | None:
+        m = self.linear
+        if m is None:
+            return None
+        return LinearAttentionCard(num_layers=len(self.linear_layers), num_k_heads=m.num_k_heads,
+                                   k_head_dim=m.k_head_dim, num_v_heads=m.num_v_heads,
+                                   v_head_dim=m.v_head_dim)
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> ModelSpec:

@@ -21,6 +21,10 @@ HEADLINES = [
     ("meta-llama/Llama-3.1-70B", 70.6e9, None, 0.01),
     ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9, 0.03),
     ("deepseek-ai/DeepSeek-V3", 671e9, 37e9, 0.02),
+    # Qwen3.5's headlines include the vision tower (≈0.4B at 27B+) the text cards leave out.
+    ("Qwen/Qwen3.5-27B", 27e9, None, 0.02),
+    ("Qwen/Qwen3.5-35B-A3B", 35e9, 3.45e9, 0.02),
+    ("Qwen/Qwen3.5-397B-A17B", 397e9, 17e9, 0.03),
 ]
 
 
@@ -37,6 +41,22 @@ def test_gpt_oss_counts() -> None:
     assert card.total_params == pytest.approx(116.8e9, rel=0.01)
     assert card.matmul_params == pytest.approx(5.13e9, rel=0.01)
     assert card.weight_bytes() == pytest.approx(65e9, rel=0.03)  # MXFP4 checkpoint size
+
+
+def test_gpt_oss_20b_counts() -> None:
+    card = get_model_card("openai/gpt-oss-20b")
+    assert card.total_params == pytest.approx(20.9e9, rel=0.01)  # OpenAI: 20.9B
+    assert card.matmul_params == pytest.approx(3.6e9, rel=0.02)  # OpenAI: 3.6B active
+
+
+def test_qwen3_5_hybrid_memory() -> None:
+    """A quarter of the layers hold a KV cache; the rest a fixed fp32 state per sequence."""
+    card = get_model_card("Qwen/Qwen3.5-27B")
+    assert card.num_full_attention_layers == 16 and card.num_linear_layers == 48
+    assert card.kv_bytes_per_token() == 16 * 2 * 4 * 256 * 2
+    assert card.linear_state_bytes() == 48 * 48 * 128 * 128 * 4
+    dense = get_model_card("Qwen/Qwen3-32B")  # 64 full-attention layers
+    assert card.kv_bytes(32768) < dense.kv_bytes(32768) / 3
 
 
 def test_qwen3_8b_non_embedding_count_matches_its_model_card() -> None:

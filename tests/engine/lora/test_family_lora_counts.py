@@ -109,6 +109,16 @@ def test_trainable_parameters_equal_the_cookbooks_count(cookbook_counts: dict[st
         assert our_count(spec, rank, mlp, attn, unembed) == cookbook_counts[key], key
 
 
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_cost_card_counts_the_same(cookbook_counts: dict[str, int], name: str) -> None:
+    from loraplex.cost.cards.models import MODEL_CARDS
+
+    card = MODEL_CARDS[name]
+    for rank, (mlp, attn, unembed) in product(RANKS, CHOICES):
+        assert card.lora_params(rank, mlp=mlp, attn=attn, unembed=unembed) == \
+            cookbook_counts[f"{name}|{rank}|{mlp}{attn}{unembed}"]
+
+
 def test_a_real_qwen3_5_adapter_holds_that_many_parameters(cookbook_counts: dict[str, int]
                                                             ) -> None:
     """Allocated, not just counted: Qwen3.5-4B at rank 1 (2.28M values)."""
