@@ -345,11 +345,11 @@ class ModelCard:
 
     @property
     def linear_flops_per_token_per_layer(self) -> float:
-        """FLOPs of the chunked delta rule per token and linear layer (chunks of 64): the
-        state read and update, ``2·2·Hv·dk·dv``, and the in-chunk products and triangular
-        solves, ``≈ 2·Hv·64·(3·dk + 2·dv)``."""
+        """FLOPs of the chunked delta rule per token and linear layer (the engine's chunks of
+        16): the state read and update, ``2·2·Hv·dk·dv``, and the in-chunk products and
+        triangular solves, ``≈ 2·Hv·16·(3·dk + 2·dv)``."""
         m = self.linear
         if m is None:
             return 0.0
         return 2.0 * m.num_v_heads * (2 * m.k_head_dim * m.v_head_dim
-                                      + 64 * (3 * m.k_head_dim + 2 * m.v_head_dim))
+                                      + 16 * (3 * m.k_head_dim + 2 * m.v_head_dim))

@@ -25,7 +25,7 @@ from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.delta_net import (
     Carry,
     ChunkRows,
-    Segment,
+    DeltaLayout,
     causal_conv,
     chunked_delta_rule,
 )
@@ -68,15 +68,21 @@ class LinearAttention:
         self.conv_C_K = weights.conv_C_1_K[:, 0, :]
         self.weights = weights
 
-    def __call__(self, h_R_D: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
-                 states: LinearStates | None) -> torch.Tensor:
+    def layout(self, batch: PackedBatch) -> DeltaLayout:
+        """The forward's `DeltaLayout` (the same for every linear layer of a model)."""
+        return DeltaLayout.of(batch.seq_row_start, batch.seq_num_new, batch.seq_num_cached,
+                              batch.num_rows, self.spec.conv_kernel, batch.tokens_R.device)
+
+    def __call__(self, h_R_D: torch.Tensor, batch: PackedBatch, layout: DeltaLayout,
+                 lora: LoraBatch | None, states: LinearStates | None) -> torch.Tensor:
         spec, rows = self.spec, h_R_D.shape[0]
         q, k, v, z, b, a = self.in_proj(h_R_D).split(spec.projection_sizes(), dim=1)
         if lora is not None:
             q, k, v, z = lora.add_deltas([q, k, v, z], h_R_D, INPUT_TARGETS, self.lora_index)
-        segments = self._segments(batch, states)
-        mixed_R_C, conv_tails = causal_conv(torch.cat([q, k, v], dim=1), self.conv_C_K,
-                                            segments)
+        carries = self._carries(batch, states)
+        mixed_R_C, conv_tails = causal_conv(
+            torch.cat([q, k, v], dim=1), self.conv_C_K, layout,
+            [None if c is None else c.conv_W_C for c in carries])
         q, k, v = mixed_R_C.split((spec.key_dim, spec.key_dim, spec.value_dim), dim=1)
         w = self.weights
         beta = torch.sigmoid(b).float()
@@ -85,13 +91,12 @@ class LinearAttention:
             q=_l2norm(q.float().view(rows, spec.num_k_heads, -1)) * spec.k_head_dim ** -0.5,
             k=_l2norm(k.float().view(rows, spec.num_k_heads, -1)),
             v=v.float().view(rows, spec.num_v_heads, -1), g=g, beta=beta)
-        core_R_H_V, carries = chunked_delta_rule(chunk_rows, segments,
-                                                 keep_carry=states is not None)
+        core_R_H_V, kept = chunked_delta_rule(chunk_rows, layout, carries,
+                                              keep_carry=states is not None)
         if states is not None:
-            for i, ((state, tail_rows), conv) in enumerate(zip(carries, conv_tails,
-                                                               strict=True)):
+            for i, ((state, tail_rows), conv) in enumerate(zip(kept, conv_tails, strict=True)):
                 states.put(batch.seq_state_key[i], self.layer,
-                           Carry(state.detach(), tail_rows, conv.detach()))
+                           Carry(state.detach(), tail_rows, conv))
         out = self._gated_norm(core_R_H_V.to(h_R_D.dtype), z.view(rows, spec.num_v_heads, -1))
         y_R_D = self.out_proj(out.reshape(rows, spec.value_dim))
         if lora is not None:
@@ -99,17 +104,13 @@ class LinearAttention:
                                    self.lora_index)
         return y_R_D
 
-    def _segments(self, batch: PackedBatch, states: LinearStates | None) -> list[Segment]:
-        """Each sequence's rows and, where it has cached positions, its carry."""
-        segments = []
-        for i, (start, n, cached) in enumerate(zip(batch.seq_row_start, batch.seq_num_new,
-                                                   batch.seq_num_cached, strict=True)):
-            carry = None
-            if cached:
-                assert states is not None, "cached positions without a state store"
-                carry = states.get(batch.seq_state_key[i], self.layer)
-            segments.append(Segment(start, n, carry))
-        return segments
+    def _carries(self, batch: PackedBatch, states: LinearStates | None) -> list[Carry | None]:
+        """Each sequence's carry where it has cached positions (None: it starts at 0)."""
+        if not any(batch.seq_num_cached):
+            return [None] * batch.num_sequences
+        assert states is not None, "cached positions without a state store"
+        return [states.get(key, self.layer) if cached else None
+                for key, cached in zip(batch.seq_state_key, batch.seq_num_cached, strict=True)]
 
     def _gated_norm(self, x_R_H_V: torch.Tensor, z_R_H_V: torch.Tensor) -> torch.Tensor:
         """transformers' ``Qwen3_5RMSNormGated``: RMSNorm over each head, times SiLU(z)."""

@@ -34,6 +34,7 @@ from loraplex.engine.model.attention_backend import (
     LayerAttention,
     choose_backend,
 )
+from loraplex.engine.model.delta_net import DeltaLayout
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
 from loraplex.engine.model.layer_recompute import output_slots, recomputed
 from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttention
@@ -199,17 +200,18 @@ class Transformer:
             x_R_D = self.embed_rows(batch)
         cos, sin = self.rope.lookup(batch.positions_R)
         tokens = TokenRows.of(batch, lora) if self._sparse else None
+        layout = next(iter(self._linear.values())).layout(batch) if self._linear else None
         # Recomputation keeps each layer's input only; its backward reruns the layer (the same
         # deterministic ops, so the same bits) to get the activations it needs.
         if self.options.recompute == "layer" and kv is None and torch.is_grad_enabled():
             slots = output_slots(x_R_D, len(self.weights.layers))
             for i, slot in enumerate(slots):
                 x_R_D = recomputed(partial(self._layer, i, cos=cos, sin=sin, batch=batch,
-                                           lora=lora, kv=None, tokens=tokens),
+                                           lora=lora, kv=None, tokens=tokens, layout=layout),
                                    x_R_D, self._lora_views(i, lora), slot)
         else:
             for i in range(len(self.weights.layers)):
-                x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens)
+                x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens, layout)
         if not self.spec.holds_head:
             return x_R_D
         assert self.weights.final_norm is not None
@@ -240,12 +242,14 @@ class Transformer:
 
     def _layer(self, i: int, x_R_D: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                batch: PackedBatch, lora: LoraBatch | None, kv: PagedKVCache | None,
-               tokens: TokenRows | None) -> torch.Tensor:
-        """Decoder layer ``i``: attention and MLP blocks, each with its residual."""
+               tokens: TokenRows | None, layout: DeltaLayout | None = None) -> torch.Tensor:
+        """Decoder layer ``i``: attention (or linear attention) and MLP blocks, each with its
+        residual."""
         layer = self.weights.layers[i]
         h_R_D = rms_norm(x_R_D, layer.input_norm, self.spec.rms_norm_eps)
         if i in self._linear:
-            x_R_D = x_R_D + self._linear[i](h_R_D, batch, lora, _states(kv))
+            assert layout is not None
+            x_R_D = x_R_D + self._linear[i](h_R_D, batch, layout, lora, _states(kv))
         else:
             x_R_D = x_R_D + self._attention(i, layer, h_R_D, cos, sin, batch, lora, kv)
         h_R_D = rms_norm(x_R_D, layer.post_attn_norm, self.spec.rms_norm_eps)

@@ -5,7 +5,7 @@ and one full-attention layer), vocab 2500; and its MoE twin (8 routed experts, t
 expert) on the packed GEMM kernel. A token's logprob must not depend on what shares
 its batch (alone / among 6 / among 63 other sequences of every adapter), nor on how it was
 computed: a training full forward, a prefill then one-token decode steps (the linear layers'
-`Carry` at every step, chunks of 64 positions crossed mid-decode), a prefill in pieces cut
+`Carry` at every step, chunks of 16 positions crossed mid-decode), a prefill in pieces cut
 inside a chunk, or the samples of one prompt forked from its state. Runs on F.linear and on the
 packed GEMM kernel; fast mode is checked NOT to be invariant, so these tests can fail.
 """

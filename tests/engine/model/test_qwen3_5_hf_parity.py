@@ -9,7 +9,7 @@ weight noise moves transformers' fp32 gradients by 4e-6..7e-6 relative; its fp32
 differ from float64 by up to 1e-4 on some random configs, measured), so "no worse than
 transformers itself" is what fp32 can promise.
 
-Logits of packed sequences (crossing the delta rule's 64-position chunks) ≤ 1e-4, in
+Logits of packed sequences (crossing the delta rule's 16-position chunks) ≤ 1e-4, in
 batch-invariant and fast mode; the multimodal checkpoint layout (``model.language_model.*``
 beside a vision tower, ``Qwen3_5ForConditionalGeneration``) loads and gives the text model's
 logits; a prefill followed by cached one-token decode steps (the linear layers' carried state,

@@ -1,0 +1,223 @@
+"""The new families' engine benchmark: training and sampling on each family's ``small`` built-in
+(Qwen3.5: 3 gated-DeltaNet layers + 1 gated-attention layer, hidden 512; Qwen3.5-MoE: the
+same with 8 routed experts of width 512 + a shared expert; gpt-oss: 4 layers alternating
+48-key sliding windows and full attention, sinks, 8 biased experts) vs transformers + PEFT.
+
+One process, the same base weights on both sides, interleaved round by round (perf-anchors
+§4), one torch thread by default, per family:
+
+* train: one forward_backward (cross-entropy) + optim_step over 8 sequences of mixed lengths
+  (mean 256), rank-16 LoRA on every target Tinker adapts, batch-invariant mode. Baseline:
+  transformers' own class for the checkpoint + PEFT + ``torch.optim.AdamW``, the sequences
+  right-padded with a mask; PEFT adapts the attention and linear-attention projections
+  (``in_proj_qkv`` whole: PEFT cannot split it as Tinker does), the MLPs, the head, and the
+  fused 3-D experts through ``target_parameters``. ``packed``: 8 adapters, one sequence each,
+  in one batch.
+* sample: 8 prompts × 128 tokens × G = 8 samples × 64 new tokens (temperature 1, no EOS).
+  Ours: the KV-cache sampler (the linear layers' states forked per sample); baseline: HF
+  ``generate`` on the PEFT model (B ≠ 0 both sides).
+
+Keys per family (a ratio is the median over rounds of that round's pair of runs):
+``train_ratio`` (ours ÷ baseline tok/s, goal ≥ 1.5), ``sample_ratio`` (goal ≥ 2),
+``packed_efficiency`` (8 adapters ÷ 1, goal ≥ 0.9), ``bytes_vs_theory`` (resident adapter
++ AdamW moments ÷ 12 B × the card's Tinker-scheme parameter count, goal ≤ 1.1).
+
+    python -m benchmarks.engine_families [--families qwen3_5,qwen3_5_moe,gpt_oss]
+        [--rounds 2] [--train-rounds 3] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as engine_train: see there
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from tqdm import tqdm
+
+from benchmarks import RESULTS, SCRATCH
+from benchmarks.adapters import nonzero_adapter
+from benchmarks.engine_moe import paired
+from benchmarks.engine_sample import FANOUT, Engines, Timing, Workload, prompts, run_hf, run_ours
+from benchmarks.engine_sample import summary as sample_summary
+from benchmarks.engine_train import ADAM, LORA, MIXED_LENGTHS, RANK, engine_step, token_rows
+from benchmarks.probe import load_average, probe_machine
+from loraplex.config import EngineConfig
+from loraplex.engine.builtin.model import ensure_builtin_model
+from loraplex.engine.executor import Engine
+
+#: family → (PEFT target_modules, PEFT target_parameters: the fused 3-D experts).
+PEFT: dict[str, tuple[list[str], list[str]]] = {
+    "qwen3_5": (["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z",
+                 "out_proj", "gate_proj", "up_proj", "down_proj", "lm_head"], []),
+    "qwen3_5_moe": (["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z",
+                     "out_proj", "gate_proj", "up_proj", "down_proj", "lm_head"],
+                    ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+    "gpt_oss": (["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
+                ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+}
+GOALS = {"train_ratio": 1.5, "sample_ratio": 2.0, "packed_efficiency": 0.9,
+         "bytes_vs_theory": 1.1}
+
+
+def hf_model(model_dir: str) -> Any:
+    """transformers' own class for the checkpoint (a multimodal Qwen3.5 one: its
+    ``…ForConditionalGeneration``, run on text), fp32, its experts by their eager loop."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(model_dir)
+    auto = (AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None
+            else AutoModelForCausalLM)
+    return auto.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def peft_model(model_dir: str, family: str, train: bool, seed: int = 1) -> Any:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    modules, parameters = PEFT[family]
+    model = get_peft_model(hf_model(model_dir), PeftLoraConfig(
+        r=RANK, lora_alpha=LORA.alpha, lora_dropout=0.0, target_modules=modules,
+        target_parameters=parameters or None, exclude_modules=r".*visual.*"))
+    if not train:  # B ≠ 0 so the adapter changes every logit, as ours does
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model.train() if train else model.eval()
+
+
+def baseline_train_step(model_dir: str, family: str, sequences: list[list[int]]) -> Any:
+    model = peft_model(model_dir, family, train=True)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=ADAM.learning_rate,
+                                  betas=(ADAM.beta1, ADAM.beta2), eps=ADAM.eps, weight_decay=0.0)
+    width = max(len(s) for s in sequences)
+    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for i, s in enumerate(sequences):
+        input_ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+    labels = input_ids.masked_fill(mask == 0, -100)
+
+    def step() -> None:
+        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure_train(model_dir: str, family: str, rounds: int) -> dict[str, Any]:
+    engine = Engine(model_dir, EngineConfig(batch_invariant=True))
+    info = engine.model_info()
+    mixed = token_rows(MIXED_LENGTHS, info.vocab_size)
+    engine.create_adapter("a", LORA)
+    for i in range(8):
+        engine.create_adapter(f"p{i}", LORA)
+    steps = {"ours": engine_step(engine, [("a", mixed)]),
+             "baseline": baseline_train_step(model_dir, family, mixed),
+             "packed": engine_step(engine, [(f"p{i}", [s]) for i, s in enumerate(mixed)])}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in tqdm(range(rounds + 1), desc=f"{family} train"):  # round 0: warm-up, untimed
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    adapter = engine.bank.get("a")
+    state = engine.trainer.optimizer_state("a")
+    measured = adapter.nbytes() + (state.nbytes if state is not None else 0)
+    return {"seconds": times, "tokens": sum(MIXED_LENGTHS),
+            "bytes_per_adapter": measured, "bytes_theory": 12 * info.card.lora_params(RANK),
+            "adapter_params": adapter.num_params, "total_params": info.card.total_params}
+
+
+def measure_sample(model_dir: Path, family: str, rounds: int) -> dict[str, Any]:
+    from loraplex.engine.lora.bank import AdapterBank
+    from loraplex.engine.model.loader import load_model
+
+    model = load_model(model_dir, EngineConfig(batch_invariant=True))
+    bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
+    nonzero_adapter(bank, RANK, LORA.alpha)
+    engines = Engines(model_dir, model, model, bank, peft_model(str(model_dir), family, False))
+    vocab = model.spec.vocab_size
+    warm = Workload("warm", 8, 128, 8, 4)
+    run_ours(engines, model, warm, prompts(warm, 0, vocab))
+    run_hf(engines, warm, prompts(warm, 0, vocab))
+    runs: dict[str, list[Timing]] = {"ours": [], "hf_generate": []}
+    for r in tqdm(range(rounds), desc=f"{family} sample"):
+        batch = prompts(FANOUT, 1000 + r, vocab)
+        runs["ours"].append(run_ours(engines, model, FANOUT, batch)[0])
+        runs["hf_generate"].append(run_hf(engines, FANOUT, batch))
+    return {name: sample_summary(FANOUT, timings) for name, timings in runs.items()}
+
+
+def measure_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
+    model_dir = ensure_builtin_model(SCRATCH / "bench" / "engine_families" / family, family,
+                                     "small", seed=0)
+    train = measure_train(str(model_dir), family, args.train_rounds)
+    sample = measure_sample(model_dir, family, args.rounds)
+    s = train["seconds"]
+    return {"train_ratio": paired(s["baseline"], s["ours"]),
+            "sample_ratio": paired(sample["hf_generate"]["seconds"], sample["ours"]["seconds"]),
+            "packed_efficiency": paired(s["ours"], s["packed"]),
+            "bytes_vs_theory": train["bytes_per_adapter"] / train["bytes_theory"],
+            "train_tok_s": {n: train["tokens"] / min(ts) for n, ts in s.items()},
+            "train": train, "sample": sample}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default=",".join(PEFT))
+    parser.add_argument("--rounds", type=int, default=2, help="sampling rounds")
+    parser.add_argument("--train-rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_start, probe_start = load_average(), probe_machine()
+    families = {f: measure_family(f, args) for f in args.families.split(",")}
+    result = {"benchmark": "engine_families", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "threads": args.threads, "rounds": args.rounds, "train_rounds": args.train_rounds,
+              "load_avg_start": list(load_start), "load_avg_end": list(load_average()),
+              "probe_start": probe_start.as_dict(), "probe_end": probe_machine().as_dict(),
+              "goals": GOALS, "families": families,
+              "workload": {"rank": RANK, "alpha": LORA.alpha, "mixed_lengths": MIXED_LENGTHS,
+                           "sample": vars(FANOUT)}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engine_families.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "engine_families.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = ["# engine_families: the new families' small built-ins vs transformers + PEFT", "",
+             f"{r['measured_at']}, {r['threads']} thread(s), {r['train_rounds']} train / "
+             f"{r['rounds']} sample rounds interleaved; load average "
+             f"{r['load_avg_start'][0]:.2f} → {r['load_avg_end'][0]:.2f}; GEMM probe "
+             f"{r['probe_start'].get('gemm_gflops', 0):.1f} → "
+             f"{r['probe_end'].get('gemm_gflops', 0):.1f} GFLOP/s.", "",
+             "| family | train_ratio (≥ 1.5) | sample_ratio (≥ 2) | packed 8 ÷ 1 (≥ 0.9) | "
+             "bytes ÷ theory (≤ 1.1) | ours / baseline train tok/s |",
+             "|---|---|---|---|---|---|"]
+    for family, f in r["families"].items():
+        t = f["train_tok_s"]
+        lines.append(f"| {family} | {f['train_ratio']:.2f} | {f['sample_ratio']:.2f} | "
+                     f"{f['packed_efficiency']:.2f} | {f['bytes_vs_theory']:.3f} | "
+                     f"{t['ours']:.0f} / {t['baseline']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
