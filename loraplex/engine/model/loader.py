@@ -65,19 +65,26 @@ def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
 
 
 def base_inner_dims(spec: ModelSpec) -> tuple[int, ...]:
-    """The inner dimensions of the base linears and the head (hidden, MLP, attention output;
+    """The inner dimensions of the base linears and the head (hidden, MLP, attention output,
+    a linear-attention layer's output projection, a shared expert's down projection; routed
     expert MLPs excepted: they run as grouped GEMMs)."""
-    return (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
+    dims = [spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim]
+    if spec.linear is not None:
+        dims.append(spec.linear.value_dim)
+    if spec.experts is not None and spec.experts.shared_intermediate_size:
+        dims.append(spec.experts.shared_intermediate_size)
+    return tuple(d for d in dict.fromkeys(dims) if d > 0)
 
 
 def inner_dims(spec: ModelSpec) -> tuple[int, ...]:
     """The inner (reduction) dimensions of the model's GEMMs: hidden, MLP, attention output,
     expert MLP, and LoRA ranks as padded (the smallest two multiples of `RANK_MULTIPLE`)."""
-    dims = [spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim,
-            RANK_MULTIPLE, 2 * RANK_MULTIPLE]
+    dims = [*base_inner_dims(spec), RANK_MULTIPLE, 2 * RANK_MULTIPLE]
     if spec.experts is not None:
         dims.append(spec.experts.expert_intermediate_size)
-    return tuple(dims)
+    if spec.linear is not None:  # the delta rule's products (chunk rows, key width)
+        dims += [spec.linear.k_head_dim, spec.linear.v_head_dim]
+    return tuple(dict.fromkeys(dims))
 
 
 def load_model(model_dir: str | Path, config: EngineConfig | None = None,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.expert_weights import ExpertWeights
 from loraplex.engine.model.lora_batch import LoraBatch, grouped_linear
 from loraplex.engine.model.moe_dispatch import Dispatch, LoraDispatch, TokenRows, route
@@ -50,10 +51,11 @@ class SparseMlp:
         weights: this layer's router and experts.
         index: the layer's position among the sparse layers (its LoRA layer index).
         row_multiple: group padding (the row multiple in batch-invariant mode, 1 in fast mode).
+        kernel: the packed GEMM kernel for the shared expert (a dense MLP; None: F.linear).
     """
 
     def __init__(self, experts: ExpertSpec, weights: ExpertWeights, index: int,
-                 row_multiple: int) -> None:
+                 row_multiple: int, kernel: GemmKernel | None = None) -> None:
         self.spec = experts
         self.weights = weights
         self.index = index
@@ -61,6 +63,12 @@ class SparseMlp:
         self.router_W_D = _padded_rows(weights.router_E_D, row_multiple)
         self.shared_gate_W_D = (None if weights.shared is None
                                 else _padded_rows(weights.shared.gate_1_D, row_multiple))
+        self.shared_linears: tuple[FrozenLinear, FrozenLinear] | None = None
+        if weights.shared is not None:  # [gate; up] as one GEMM (the rows' bits unchanged)
+            shared = weights.shared
+            gate_up = FrozenLinear(torch.cat([shared.gate_proj, shared.up_proj]), kernel)
+            shared.gate_proj, shared.up_proj = gate_up.weight.chunk(2)
+            self.shared_linears = (gate_up, FrozenLinear(shared.down_proj, kernel))
 
     def __call__(self, h_R_D: torch.Tensor, tokens: TokenRows, lora: LoraBatch | None
                  ) -> torch.Tensor:
@@ -109,13 +117,13 @@ class SparseMlp:
 
     def _shared(self, h_R_D: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
         """The shared expert's output times its sigmoid gate, every row."""
-        shared = self.weights.shared
-        assert shared is not None and self.shared_gate_W_D is not None
-        gate, up = F.linear(h_R_D, shared.gate_proj), F.linear(h_R_D, shared.up_proj)
+        assert self.shared_linears is not None and self.shared_gate_W_D is not None
+        gate_up, down = self.shared_linears
+        gate, up = gate_up(h_R_D).chunk(2, dim=1)
         if lora is not None:
             gate, up = lora.add_deltas([gate, up], h_R_D, SHARED_TARGETS[:2], self.index)
         act_R_F = F.silu(gate) * up
-        y_R_D = F.linear(act_R_F, shared.down_proj)
+        y_R_D = down(act_R_F)
         if lora is not None:
             y_R_D = lora.add_delta(y_R_D, act_R_F, SHARED_TARGETS[2], self.index)
         return torch.sigmoid(F.linear(h_R_D, self.shared_gate_W_D)[:, :1]) * y_R_D

@@ -145,7 +145,7 @@ class Transformer:
                 experts = weights.layers[layer].experts
                 assert experts is not None
                 self._sparse[layer] = SparseMlp(spec.experts, experts, j,
-                                                options.effective_row_multiple)
+                                                options.effective_row_multiple, kernel)
 
     def base_linears(self) -> list[FrozenLinear]:
         """The dense layers' base GEMMs as the forward runs them (q/k/v fused; gate/up fused
@@ -153,7 +153,8 @@ class Transformer:
         mlps = [linear for mlp in self._mlp_linears.values()
                 for linear in (*mlp.gate_up, mlp.down)]
         linear = [x for la in self._linear.values() for x in (la.in_proj, la.out_proj)]
-        return [*self._qkv.values(), *self._o.values(), *linear, *mlps,
+        shared = [x for mlp in self._sparse.values() for x in (mlp.shared_linears or ())]
+        return [*self._qkv.values(), *self._o.values(), *linear, *mlps, *shared,
                 *([self._head] if self._head else [])]
 
     def packed_bytes(self) -> int:
