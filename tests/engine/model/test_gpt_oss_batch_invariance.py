@@ -49,7 +49,7 @@ def test_logprobs_identical_alone_and_in_a_batch_of_64(harness: Harness) -> None
     seq = tokens(torch.Generator().manual_seed(1), 140)
     alone = full(harness, seq, "r8")
     others = crowd(63, 2)
-    for position in (0, 31, 63):
+    for position in (0, 63):
         seqs = [*others[:position], SequenceInput(seq, "r8"), *others[position:]]
         got = harness.logprobs(seqs, [[*s.tokens[1:], 0] for s in seqs])[position]
         assert torch.equal(got, alone)
