@@ -235,6 +235,13 @@ def encode_sample(result: SampleResult) -> bytes:
         msg.prompt_logprobs = _f32_bytes(result.prompt_logprobs)
     if result.topk_prompt_logprobs is not None:
         _put_topk(msg.topk_prompt_logprobs, result.topk_prompt_logprobs)
+    if (alt := result.prompt_alt_tokens) is not None:
+        shape = (alt.rows, alt.k)
+        msg.prompt_alt_tokens.tokens.CopyFrom(pb.Tensor(
+            dense=np.asarray(alt.tokens, dtype="<i8").tobytes(), dtype=pb.DTYPE_INT64,
+            shape=shape))
+        msg.prompt_alt_tokens.logprobs.CopyFrom(pb.Tensor(
+            dense=_f32_bytes(alt.logprobs), dtype=pb.DTYPE_FLOAT32, shape=shape))
     return msg.SerializeToString()
 
 

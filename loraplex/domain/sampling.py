@@ -79,6 +79,19 @@ class TopkLogprobs:
 
 
 @dataclass(frozen=True)
+class PromptAltTokens:
+    """``k`` independent draws at every prompt position after the first: ``tokens``
+    (typecode ``q``) and ``logprobs`` (typecode ``f``) flat, row-major ``[rows, k]``; row ``i``
+    holds alternatives to prompt token ``i + 1`` and their logprobs under the distribution
+    they were drawn from."""
+
+    k: int
+    rows: int
+    tokens: array
+    logprobs: array
+
+
+@dataclass(frozen=True)
 class SampledSequence:
     """One completion: tokens, the logprob of each under the sampling adapter, why it stopped."""
 
@@ -97,9 +110,11 @@ class SampleResult:
         prompt_logprobs: per prompt token, NaN at index 0 and at unscored positions.
         topk_prompt_logprobs: alternatives per prompt position, when asked.
         prompt_cache_hit_tokens: prompt tokens whose KV came from the prefix cache.
+        prompt_alt_tokens: random alternatives per prompt position, when asked.
     """
 
     sequences: tuple[SampledSequence, ...]
     prompt_logprobs: array | None = None
     topk_prompt_logprobs: TopkLogprobs | None = None
     prompt_cache_hit_tokens: int = 0
+    prompt_alt_tokens: PromptAltTokens | None = None

@@ -105,6 +105,8 @@ class SampleWork:
         prompt_logprobs: return the logprob of every prompt token (NaN at index 0).
         topk_prompt_logprobs, topk_sample_logprobs: k alternatives per position (0: off).
         prompt_logprobs_last_n: only the last n prompt positions are scored.
+        prompt_alt_tokens_k: draws per prompt position after the first (0: off), from the
+            distribution the sampler draws from (every position; ``last_n`` does not apply).
     """
 
     request_id: str
@@ -117,3 +119,4 @@ class SampleWork:
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
+    prompt_alt_tokens_k: int = 0

@@ -173,10 +173,41 @@ def test_backpressure_answers_429_and_the_sdk_retries(server: Server, service_cl
         scheduler.config = config
 
 
+def test_prompt_alt_tokens_are_k_seeded_draws_per_position(service_client: Make) -> None:
+    """SDK 0.38's ``prompt_alt_tokens_k``: int64 tokens and float32 logprobs ``[len - 1, k]``;
+    the same seed draws the same bits; a draw of the prompt's own token carries the prompt
+    logprob compute_logprobs reports for it."""
+    sampler = service_client().create_sampling_client(base_model=MODEL).result()
+    prompt = types.ModelInput.from_ints(list(range(2, 40)))
+    out = sampler.sample(prompt, 2, params(max_tokens=3), prompt_alt_tokens_k=16,
+                         include_prompt_logprobs=True).result()
+    again = sampler.sample(prompt, 2, params(max_tokens=3), prompt_alt_tokens_k=16).result()
+    other = sampler.sample(prompt, 2, params(max_tokens=3, seed=12),
+                           prompt_alt_tokens_k=16).result()
+    assert out.prompt_alt_tokens is not None and again.prompt_alt_tokens is not None
+    tokens, logprobs = out.prompt_alt_tokens.tokens, out.prompt_alt_tokens.logprobs
+    assert (tokens.dtype, logprobs.dtype) == ("int64", "float32")
+    assert tokens.shape == logprobs.shape == [prompt.length - 1, 16]
+    tokens_P_K, logprobs_P_K = tokens.to_numpy(), logprobs.to_numpy()
+    assert np.array_equal(tokens_P_K, again.prompt_alt_tokens.tokens.to_numpy())
+    assert np.array_equal(logprobs_P_K, again.prompt_alt_tokens.logprobs.to_numpy())
+    assert other.prompt_alt_tokens is not None
+    assert not np.array_equal(tokens_P_K, other.prompt_alt_tokens.tokens.to_numpy())
+    assert (logprobs_P_K <= 0).all()
+    scored = sampler.compute_logprobs(prompt).result()
+    assert out.prompt_logprobs == scored
+    hits = [(p, j) for p in range(prompt.length - 1) for j in range(16)
+            if tokens_P_K[p, j] == prompt.to_ints()[p + 1]]
+    for p, j in hits:
+        assert float(logprobs_P_K[p, j]) == scored[p + 1]
+    assert [s.tokens for s in out.sequences] == [s.tokens for s in again.sequences]
+    with pytest.raises(tinker.RequestFailedError, match="prompt_alt_tokens_k") as failed:
+        sampler.sample(prompt, 1, params(), prompt_alt_tokens_k=1000).result()
+    assert failed.value.category == "user"
+
+
 def test_unsupported_sampling_options_are_refused_by_name(service_client: Make) -> None:
     sampler = service_client().create_sampling_client(base_model=MODEL).result()
-    with pytest.raises(tinker.BadRequestError, match="prompt_alt_tokens_k"):
-        sampler.sample(PROMPT, 1, params(), prompt_alt_tokens_k=2).result()
     with pytest.raises(tinker.BadRequestError, match=r"sampling_params.top_p"):
         sampler.sample(PROMPT, 1, params(top_p=0.0)).result()
     bad_prompt = types.ModelInput.from_ints([2, 10_000])

@@ -82,7 +82,7 @@ def test_samples_equal_one_devices_and_ignore_their_batch(
     gen = torch.Generator().manual_seed(4)
     target = sample_work("t", torch.randint(VOCAB, (40,), generator=gen).tolist(), "a",
                          num_samples=3, max_tokens=12, seed=5, stop=NO_STOP,
-                         prompt_logprobs=True)
+                         prompt_logprobs=True, prompt_alt_tokens_k=3)
     crowd = [sample_work(f"c{i}", torch.randint(VOCAB, (3 + i,), generator=gen).tolist(),
                          [None, "a", "b"][i % 3], max_tokens=6, seed=i, stop=NO_STOP)
              for i in range(61)]
@@ -98,6 +98,8 @@ def test_samples_equal_one_devices_and_ignore_their_batch(
     reference = run(engine, [target])["t"]
     for result in (packed, reference):
         assert result.prompt_logprobs.tobytes() == alone.prompt_logprobs.tobytes()
+        assert result.prompt_alt_tokens == alone.prompt_alt_tokens
+        assert alone.prompt_alt_tokens.rows == 39
         for a, b in zip(alone.sequences, result.sequences, strict=True):
             assert list(a.tokens) == list(b.tokens)
             assert a.logprobs.tobytes() == b.logprobs.tobytes()

@@ -156,9 +156,7 @@ def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: Samp
                  request_id: str) -> SampleWork:
     if body.target_prompt_logprobs is not None:
         raise user_error("target_prompt_logprobs", "not supported by this server")
-    if body.prompt_alt_tokens_k:
-        raise user_error("prompt_alt_tokens_k", "not supported by this server")
-    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if getattr(body, name) < 0:
             raise user_error(name, "must be ≥ 0")
     prompt = convert.prompt_tokens(body.prompt, served.info)
@@ -174,4 +172,5 @@ def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: Samp
         prompt=prompt, num_samples=body.num_samples, params=params,
         prompt_logprobs=bool(body.prompt_logprobs),
         topk_prompt_logprobs=body.topk_prompt_logprobs,
-        topk_sample_logprobs=body.topk_sample_logprobs, prompt_logprobs_last_n=last_n)
+        topk_sample_logprobs=body.topk_sample_logprobs, prompt_logprobs_last_n=last_n,
+        prompt_alt_tokens_k=body.prompt_alt_tokens_k)

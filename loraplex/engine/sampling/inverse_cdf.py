@@ -42,20 +42,30 @@ def inverse_cdf(logweights_N_V: torch.Tensor, uniform_N: torch.Tensor,
         uniform_N: fp64 uniforms in [0, 1).
         block: tokens per first-level block.
     """
+    return inverse_cdf_draws(logweights_N_V, uniform_N[:, None], block).squeeze(1)
+
+
+def inverse_cdf_draws(logweights_N_V: torch.Tensor, uniform_N_M: torch.Tensor,
+                      block: int = BLOCK) -> torch.Tensor:
+    """`inverse_cdf` for M uniforms per row (``[N, M]`` long): the weights and block masses
+    are computed once per row, and each draw is the token `inverse_cdf` gives its uniform."""
     vocab = logweights_N_V.shape[1]
+    num_draws = uniform_N_M.shape[1]
     weights_N_K_b, mass_N_K = _weights_and_block_masses(logweights_N_V, block)
     cum_N_K = mass_N_K.cumsum(-1)
-    target_N = _below(uniform_N.to(torch.float64) * cum_N_K[:, -1], cum_N_K[:, -1])
-    chosen_N = torch.searchsorted(cum_N_K, target_N[:, None], right=True).squeeze(1)
+    total_N_M = cum_N_K[:, -1:].expand(-1, num_draws)
+    target_N_M = _below(uniform_N_M.to(torch.float64) * total_N_M, total_N_M)
+    chosen_N_M = torch.searchsorted(cum_N_K, target_N_M, right=True)
     cum_before_N_K = torch.cat([cum_N_K.new_zeros(cum_N_K.shape[0], 1), cum_N_K[:, :-1]], 1)
-    residual_N = target_N - cum_before_N_K.gather(1, chosen_N[:, None]).squeeze(1)  # ≥ 0
+    residual = (target_N_M - cum_before_N_K.gather(1, chosen_N_M)).reshape(-1)  # ≥ 0
     num_rows, num_blocks = mass_N_K.shape
-    flat_chosen_N = torch.arange(num_rows, device=chosen_N.device) * num_blocks + chosen_N
-    in_block_N_b = weights_N_K_b.view(-1, block).index_select(0, flat_chosen_N)
-    cum_N_b = in_block_N_b.to(torch.float64).cumsum(-1)
-    residual_N = _below(residual_N, cum_N_b[:, -1])
-    offset_N = torch.searchsorted(cum_N_b, residual_N[:, None], right=True).squeeze(1)
-    return (chosen_N * block + offset_N).clamp(0, vocab - 1)
+    row_N_M = torch.arange(num_rows, device=chosen_N_M.device)[:, None].expand(-1, num_draws)
+    flat_chosen = (row_N_M * num_blocks + chosen_N_M).reshape(-1)
+    in_block_NM_b = weights_N_K_b.view(-1, block).index_select(0, flat_chosen)
+    cum_NM_b = in_block_NM_b.to(torch.float64).cumsum(-1)
+    residual = _below(residual, cum_NM_b[:, -1])
+    offset = torch.searchsorted(cum_NM_b, residual[:, None], right=True).squeeze(1)
+    return (chosen_N_M * block + offset.view(num_rows, num_draws)).clamp(0, vocab - 1)
 
 
 def _below(value_N: torch.Tensor, total_N: torch.Tensor) -> torch.Tensor:

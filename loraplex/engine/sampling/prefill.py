@@ -5,8 +5,9 @@ of the positions it needs logits for, and those logits window by window.
 keeps the hidden states of each item's `PrefillItem.head_positions` only; `head_windows` turns
 them into logits at most `rows_per_window` rows at a time, so an 8,192-token prompt whose
 logprobs are asked for never holds ``[8192 × vocab]``; `score_rows` turns scored positions'
-logits into logprobs with the training forward's arithmetic. A long prompt is prefilled in
-pieces (`PrefillItem.end`): each piece attends to the pages the earlier pieces wrote, with
+logits into logprobs with the training forward's arithmetic, and `score_prompt_window` adds
+a request's alternative draws (`SampleWork.prompt_alt_tokens_k`). A long prompt is prefilled
+in pieces (`PrefillItem.end`): each piece attends to the pages the earlier pieces wrote, with
 the same bits as one forward (attention computes each query row alone). Knows nothing about
 admission, page allocation or stopping (the `Sampler` decides those).
 """
@@ -24,7 +25,9 @@ from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.lora_stacks import LoraStacks
-from loraplex.engine.sampling.sequence import SampleSequence
+from loraplex.engine.sampling.random_stream import uniforms
+from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
+from loraplex.engine.sampling.token_sampler import draw_alternatives
 
 
 @dataclass(eq=False)
@@ -120,6 +123,28 @@ def head_windows(model: Transformer, stacks: LoraStacks, items: list[PrefillItem
         with torch.no_grad():
             head_R_D = head.scatter_to_rows(head_N_D[start:end])
             yield start, head.gather_from_rows(model.logits(head_R_D, stacks.for_batch(head)))
+
+
+def score_prompt_window(request: SampleRequest, tokens: list[int], positions: range,
+                        logits_N_V: torch.Tensor) -> None:
+    """Give ``request`` what it asked of these prompt positions' logits (row ``n`` predicts
+    ``tokens[positions[n] + 1]``): the scores of positions from its `first_scored`, and its
+    alternative draws at all of them (counter ``p · k + j`` of its stream: the same bits
+    whatever the window or batch)."""
+    work = request.work
+    skip = max(0, min(len(positions), request.first_scored - 1 - positions.start))
+    if skip < len(positions) and (work.prompt_logprobs or work.topk_prompt_logprobs):
+        targets = [tokens[p + 1] for p in positions[skip:]]
+        request.add_prompt_scores(*score_rows(logits_N_V[skip:], targets,
+                                              work.topk_prompt_logprobs))
+    k = work.prompt_alt_tokens_k
+    if k:
+        u = uniforms(request.alt_stream, positions.start * k, len(positions) * k)
+        tokens_N_K, logprobs_N_K = draw_alternatives(
+            logits_N_V, work.params.temperature,
+            torch.from_numpy(u).view(len(positions), k).to(logits_N_V.device))
+        request.add_alt_draws(tokens_N_K.reshape(-1).tolist(),
+                              logprobs_N_K.reshape(-1).tolist())
 
 
 def score_rows(logits_N_V: torch.Tensor, targets: list[int], k: int

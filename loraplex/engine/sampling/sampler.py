@@ -40,9 +40,9 @@ from loraplex.engine.sampling.prefill import (
     PrefillItem,
     head_windows,
     prefill_hidden,
-    score_rows,
+    score_prompt_window,
 )
-from loraplex.engine.sampling.random_stream import stream_key, uniform
+from loraplex.engine.sampling.random_stream import PROMPT_ALT_STREAM, stream_key, uniform
 from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
 from loraplex.engine.sampling.stop_rule import StopRule, StopStringMatcher
 from loraplex.engine.sampling.token_sampler import RowParams, sample_tokens
@@ -187,7 +187,8 @@ class Sampler:
         prompt = list(work.prompt)
         request.sequences = [SampleSequence(request, i, list(prompt), stream_key(seed, i))
                              for i in range(work.num_samples)]
-        if max_new == 0 and request.first_scored == request.num_prompt:
+        request.alt_stream = stream_key(seed, PROMPT_ALT_STREAM)
+        if max_new == 0 and request.first_head == request.num_prompt:
             for seq in request.sequences:
                 seq.stop_reason = "length"
             return work.request_id, request.result()
@@ -286,7 +287,7 @@ class Sampler:
                 aborted.append(self._abort(request, exc))
                 continue
             group = (request.adapter_key, tuple(request.work.prompt))
-            parent = parents.get(group) if request.first_scored == request.num_prompt else None
+            parent = parents.get(group) if request.first_head == request.num_prompt else None
             if parent is not None:
                 if not self.pool.try_fork(parent.seq, request.sequences, reserve):
                     return items, aborted
@@ -294,12 +295,12 @@ class Sampler:
                 request.cache_hit_tokens = request.num_prompt
             else:
                 seq, forks = request.sequences[0], request.sequences[1:]
-                if not self.pool.try_allocate(seq, request.first_scored - 1, len(forks),
+                if not self.pool.try_allocate(seq, request.first_head - 1, len(forks),
                                               reserve):
                     return items, aborted
                 self.pool.try_fork(seq, forks, 0)
                 item = self._cut(PrefillItem(seq, seq.num_computed, list(forks),
-                                             request.first_scored), budget)
+                                             request.first_head), budget)
                 items.append(item)
                 parents.setdefault(group, item)
                 request.cache_hit_tokens = seq.num_computed
@@ -373,11 +374,9 @@ class Sampler:
             for i, (it, first) in enumerate(zip(items, firsts, strict=True)):
                 lo, hi = max(first, w0), min(first + it.num_scored_rows, w1)
                 if lo < hi:
-                    positions = it.head_positions[lo - first:hi - first]
-                    targets = [it.seq.tokens[p + 1] for p in positions]
-                    request = it.seq.request
-                    request.add_prompt_scores(*score_rows(
-                        logits_W_V[lo - w0:hi - w0], targets, request.work.topk_prompt_logprobs))
+                    score_prompt_window(it.seq.request, it.seq.tokens,
+                                        it.head_positions[lo - first:hi - first],
+                                        logits_W_V[lo - w0:hi - w0])
                 last = first + len(it.head_positions) - 1
                 if it.is_final and w0 <= last < w1:
                     sample_logits[i] = logits_W_V[last - w0].clone()

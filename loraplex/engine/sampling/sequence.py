@@ -13,7 +13,13 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
-from loraplex.domain.sampling import SampledSequence, SampleResult, StopReason, TopkLogprobs
+from loraplex.domain.sampling import (
+    PromptAltTokens,
+    SampledSequence,
+    SampleResult,
+    StopReason,
+    TopkLogprobs,
+)
 from loraplex.domain.work import SampleWork
 from loraplex.engine.sampling.stop_rule import StopRule
 
@@ -84,6 +90,8 @@ class SampleRequest:
         cache_hit_tokens: prompt tokens whose KV was not computed for this request.
         scored, scored_topk: prompt scores gathered so far (a long prompt's are computed
             window by window, over several prefill forwards).
+        alt_stream: key of the random stream of its prompt-alternative draws.
+        alt_tokens, alt_logprobs: those draws so far, row-major ``[positions, k]``.
     """
 
     work: SampleWork
@@ -97,6 +105,9 @@ class SampleRequest:
     cache_hit_tokens: int = 0
     scored: list[float] = field(default_factory=list)
     scored_topk: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    alt_stream: int = 0
+    alt_tokens: array = field(default_factory=lambda: array("q"))
+    alt_logprobs: array = field(default_factory=lambda: array("f"))
 
     @property
     def num_prompt(self) -> int:
@@ -111,6 +122,12 @@ class SampleRequest:
         if w.prompt_logprobs_last_n is None:
             return 1
         return max(1, self.num_prompt - w.prompt_logprobs_last_n)
+
+    @property
+    def first_head(self) -> int:
+        """First prompt position whose predecessor's logits the prefill computes: 1 for
+        alternative draws (every position), else `first_scored`."""
+        return 1 if self.work.prompt_alt_tokens_k else self.first_scored
 
     @property
     def is_finished(self) -> bool:
@@ -142,6 +159,16 @@ class SampleRequest:
                 lps.extend(row_lps[:k])
             self.topk_prompt = TopkLogprobs(k, self.num_prompt, ids, lps)
 
+    def add_alt_draws(self, tokens: list[int], logprobs: list[float]) -> None:
+        """The alternative draws of the next prompt positions (row-major, k per position)."""
+        self.alt_tokens.extend(tokens)
+        self.alt_logprobs.extend(logprobs)
+
     def result(self) -> SampleResult:
+        k = self.work.prompt_alt_tokens_k
+        alt = None
+        if k:  # every row on the stage that computes the head; none on a stage before it
+            alt = PromptAltTokens(k, len(self.alt_tokens) // k, self.alt_tokens,
+                                  self.alt_logprobs)
         return SampleResult(tuple(s.result() for s in self.sequences), self.prompt_logprobs,
-                            self.topk_prompt, self.cache_hit_tokens)
+                            self.topk_prompt, self.cache_hit_tokens, alt)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loraplex.engine.sampling.inverse_cdf import inverse_cdf
+from loraplex.engine.sampling.inverse_cdf import inverse_cdf, inverse_cdf_draws
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,23 @@ def sample_tokens(logits_B_V: torch.Tensor, params: RowParams) -> SampledTokens:
         return SampledTokens(tokens, chosen, None, None)
     top_lp, top_ids = logprobs_B_V.topk(k, dim=-1)
     return SampledTokens(tokens, chosen, top_ids, top_lp)
+
+
+def draw_alternatives(logits_N_V: torch.Tensor, temperature: float, uniform_N_M: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """M independent draws per row (with replacement) and their logprobs, both ``[N, M]``:
+    from ``log_softmax(logits / T)`` with `sample_tokens`'s arithmetic, top-k / top-p not
+    applied; at T = 0 every draw is the argmax, with its T = 1 logprob (as a greedy row
+    reports)."""
+    logits = logits_N_V.to(torch.float32)
+    scaled = logits if temperature in (0.0, 1.0) else logits / torch.full(
+        (logits.shape[0], 1), temperature, dtype=torch.float32, device=logits.device)
+    logprobs_N_V = torch.log_softmax(scaled, dim=-1)
+    if temperature == 0:
+        tokens_N_M = torch.argmax(logits, dim=-1, keepdim=True).expand(-1, uniform_N_M.shape[1])
+    else:
+        tokens_N_M = inverse_cdf_draws(logprobs_N_V, uniform_N_M)
+    return tokens_N_M, logprobs_N_V.gather(1, tokens_N_M)
 
 
 def _sample_truncated(logprobs_N_V: torch.Tensor, top_k_N: torch.Tensor, top_p_N: torch.Tensor,

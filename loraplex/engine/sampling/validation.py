@@ -60,7 +60,7 @@ def check_sample_work(work: SampleWork, limits: SampleLimits) -> None:
                          "pass stop token ids instead")
     if work.num_samples < 1:
         raise user_error("num_samples", f"must be ≥ 1, got {work.num_samples}")
-    for name in ("topk_prompt_logprobs", "topk_sample_logprobs"):
+    for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         k = getattr(work, name)
         if not 0 <= k <= min(MAX_TOPK_LOGPROBS, limits.vocab_size):
             raise user_error(name, f"must be in [0, {min(MAX_TOPK_LOGPROBS, limits.vocab_size)}]"
