@@ -27,7 +27,7 @@ from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import AdamParams, OptimParams
 from loraplex.domain.results import (
     AdapterMemory,
     ForwardBackwardResult,
@@ -236,11 +236,13 @@ class ToyExecutor:
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
         self.calls.append(("optim_step", tuple(w.adapter_id for w in works)))
-        return [self._guard(lambda w=w: self._adam(self._adapter(w.adapter_id), w.adam))
+        return [self._guard(lambda w=w: self._adam(self._adapter(w.adapter_id), w.params))
                 for w in works]
 
     @staticmethod
-    def _adam(a: ToyAdapter, p: AdamParams) -> OptimStepResult:
+    def _adam(a: ToyAdapter, p: OptimParams) -> OptimStepResult:
+        if not isinstance(p, AdamParams):
+            raise user_error("optimizer_params.type", "the fake engine implements AdamW only")
         g = a.grad
         norm = abs(g)
         if p.grad_clip_norm > 0 and norm > p.grad_clip_norm:

@@ -7,9 +7,11 @@ Checks against the base model (vocabulary, context length) use its `ModelInfo`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from array import array
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tinker import types as sdk
@@ -19,7 +21,7 @@ from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.losses import LOSS_FN_NAMES, LossFnName, is_loss_fn_name
 from loraplex.domain.model import ModelInfo
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import AdamParams, DimuonParams, OptimParams
 from loraplex.domain.sampling import SamplingParams, StopCondition
 from loraplex.domain.tokens import check_token_range
 from loraplex.errors import user_error
@@ -71,23 +73,61 @@ def lora_config(config: sdk.LoraConfig | None, field: str = "lora_config") -> Lo
 
 
 def optimizer_config(config: sdk.AdamOptimizerConfig | OptimizerConfigBase | None,
-                     field: str = "optimizer_config") -> dict[str, str]:
-    """Only AdamW is implemented; other optimizer families are refused by name."""
+                     field: str = "optimizer_config") -> dict[str, Any]:
+    """The run's optimizer family as get_info echoes it: ``{"type": "adamw"}`` (also for None)
+    or ``{"type": "dimuon", "version": 1}``; anything else is refused by name."""
     if config is None:
         return {"type": "adamw"}
     kind = getattr(config, "type", None)
-    if kind != "adamw":
-        raise user_error(f"{field}.type", f"optimizer {kind!r} is not supported (only 'adamw')")
-    return {"type": "adamw"}
+    extra = dict(config.model_extra or {})
+    if kind == "adamw" and not extra:
+        return {"type": "adamw"}
+    if kind == "dimuon":
+        version = extra.pop("version", 1)
+        if version != 1 or isinstance(version, bool):
+            raise user_error(f"{field}.version", f"Dimuon version {version!r} is not "
+                             "supported (only 1)")
+        if not extra:
+            return {"type": "dimuon", "version": 1}
+    if kind in ("adamw", "dimuon"):
+        raise user_error(f"{field}.{sorted(extra)[0]}", f"not a field of the {kind} config")
+    raise user_error(f"{field}.type", f"optimizer {kind!r} is not supported ('adamw' or "
+                     "'dimuon')")
 
 
-def adam_params(params: sdk.AdamParams | OptimParamsBase, field: str = "adam_params"
-                ) -> AdamParams:
-    if not isinstance(params, sdk.AdamParams):
+def optim_params(params: sdk.AdamParams | OptimParamsBase, family: str) -> OptimParams:
+    """A step's hyper-parameters, which must name the family the run was created with."""
+    parsed: OptimParams
+    if isinstance(params, sdk.AdamParams):
+        parsed = AdamParams(params.learning_rate, params.beta1, params.beta2, params.eps,
+                            params.weight_decay, params.grad_clip_norm).validate("adam_params")
+    elif getattr(params, "type", None) == "dimuon":
+        parsed = dimuon_params(dict(params.model_extra or {}))
+    else:
         kind = getattr(params, "type", type(params).__name__)
-        raise user_error("optimizer_params", f"optimizer {kind!r} is not supported (only AdamW)")
-    return AdamParams(params.learning_rate, params.beta1, params.beta2, params.eps,
-                      params.weight_decay, params.grad_clip_norm).validate(field)
+        raise user_error("optimizer_params.type", f"optimizer {kind!r} is not supported "
+                         "(AdamParams or DimuonParams)")
+    if parsed.family != family:
+        sent = "AdamParams" if parsed.family == "adamw" else "DimuonParams"
+        wanted = "AdamParams" if family == "adamw" else "DimuonParams"
+        raise user_error("adam_params" if parsed.family == "adamw" else "optimizer_params.type",
+                         f"this model was created with the {family!r} optimizer: send "
+                         f"{wanted}, not {sent}")
+    return parsed
+
+
+def dimuon_params(fields: dict[str, Any], field: str = "optimizer_params") -> DimuonParams:
+    """`DimuonParams` from the wire's ``optimizer_params`` (``learning_rate`` required; the
+    later API reference's ``damping`` and ``rank_lr_correction_exponent`` taken when sent)."""
+    names = {f.name for f in dataclasses.fields(DimuonParams)}
+    for name, value in fields.items():
+        if name not in names:
+            raise user_error(f"{field}.{name}", "not a field of DimuonParams")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise user_error(f"{field}.{name}", f"must be a number, got {value!r}")
+    if "learning_rate" not in fields:
+        raise user_error(f"{field}.learning_rate", "required")
+    return DimuonParams(**{k: float(v) for k, v in fields.items()}).validate(field)
 
 
 def ttl_seconds(value: int | None, field: str = "ttl_seconds") -> int | None:

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
-from loraplex.demo.config import MODELS, TASKS, DemoConfig, preset
+from loraplex.demo.config import MODELS, OPTIMIZERS, TASKS, DemoConfig, preset
 
 DEMO_API_KEY = "tml-loraplex-demo"
 
@@ -55,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "preset (builtin:small, a directory)")
     parser.add_argument("--task", default="clamp", choices=TASKS,
                         help="clamp (default) or arithmetic (needs --model smollm2)")
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
+                        help="adamw (default) or dimuon, for both phases, at the preset's "
+                             "learning rates")
+    parser.add_argument("--sft-lr", type=float, default=None, metavar="LR",
+                        help="SFT learning rate of the chosen optimizer (default: the preset's)")
+    parser.add_argument("--rl-lr", type=float, default=None, metavar="LR",
+                        help="GRPO learning rate of the chosen optimizer (default: the preset's)")
     parser.set_defaults(func=run)
 
 
@@ -90,6 +97,15 @@ def demo_config(model: str, task: str, seed: int) -> DemoConfig:
     return replace(preset("tiny", task), model_source=model, seed=seed)
 
 
+def with_learning_rates(cfg: DemoConfig, sft: float | None, rl: float | None) -> DemoConfig:
+    """``cfg`` with the chosen optimizer's SFT / GRPO learning rates replaced where given."""
+    if cfg.optimizer == "dimuon":
+        return replace(cfg, dimuon_sft_learning_rate=sft or cfg.dimuon_sft_learning_rate,
+                       dimuon_rl_learning_rate=rl or cfg.dimuon_rl_learning_rate)
+    return replace(cfg, sft_learning_rate=sft or cfg.sft_learning_rate,
+                   rl_learning_rate=rl or cfg.rl_learning_rate)
+
+
 def _offline_env(hf_home: Path) -> None:
     """The demo process talks only to its own server and never to a hub."""
     os.environ.update({
@@ -119,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, rl_steps=args.steps)
     if args.sft_steps is not None:
         cfg = replace(cfg, sft_steps=args.sft_steps)
+    cfg = with_learning_rates(replace(cfg, optimizer=args.optimizer), args.sft_lr, args.rl_lr)
     model_dir = resolve_source(cfg.model_source, str(data_dir))
     install(model_dir, cache_repo_id(cfg.base_model), str(hf_home))
     port = _free_port()

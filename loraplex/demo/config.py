@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import tinker
 
 TASKS = ("clamp", "arithmetic")
+OPTIMIZERS = ("adamw", "dimuon")
+
+
+#: Dimuon's learning rates on the tiny model (rank 32), from the sweep in
+#: `benchmarks/dimuon_sft.py` (results: benchmarks/results/dimuon_sft.md).
+DIMUON_SFT_LR = 1e-2
+DIMUON_RL_LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -26,12 +37,16 @@ class DemoConfig:
         sft_correct_fraction: share of correct solutions in the warm-start mix.
         sft_steps: SFT optimizer steps (0: no warm start); each is one pass over `sft_batch`.
         sft_batch: examples per SFT step.
+        optimizer: ``adamw`` (Tinker's default) or ``dimuon``, for both phases.
         sft_learning_rate: AdamW learning rate during SFT.
+        dimuon_sft_learning_rate: Dimuon learning rate during SFT (its direction has Frobenius
+            norm √rank per matrix, so its scale is not AdamW's).
         rl_steps: GRPO steps.
         prompts_per_step: groups per GRPO step (clamp cycles through its prompts; arithmetic
             draws fresh problems each step).
         group_size: completions per prompt (G).
         rl_learning_rate: AdamW learning rate during GRPO.
+        dimuon_rl_learning_rate: Dimuon learning rate during GRPO.
         temperature: sampling temperature for rollouts and evaluation.
         max_tokens: completion budget.
         max_operand: arithmetic operands are drawn from 0..max_operand.
@@ -50,15 +65,35 @@ class DemoConfig:
     sft_correct_fraction: float = 0.5
     sft_steps: int = 200
     sft_batch: int = 16
+    optimizer: Literal["adamw", "dimuon"] = "adamw"
     sft_learning_rate: float = 5e-3
+    dimuon_sft_learning_rate: float = DIMUON_SFT_LR
     rl_steps: int = 50
     prompts_per_step: int = 8
     group_size: int = 8
     rl_learning_rate: float = 5e-4
+    dimuon_rl_learning_rate: float = DIMUON_RL_LR
     temperature: float = 1.0
     max_tokens: int = 48
     max_operand: int = 100
     eval_samples_per_prompt: int = 32
+
+    def optimizer_config(self) -> tinker.types.OptimizerConfig:
+        import tinker  # here, not at import: the CLI sets HF_HOME before anything loads the hub
+
+        if self.optimizer == "dimuon":
+            return tinker.types.DimuonOptimizerConfig()
+        return tinker.types.AdamOptimizerConfig()
+
+    def optim_params(self, phase: Literal["sft", "rl"]) -> tinker.types.OptimParams:
+        """One step's hyper-parameters for ``phase`` with the run's optimizer."""
+        import tinker
+
+        if self.optimizer == "dimuon":
+            lr = self.dimuon_sft_learning_rate if phase == "sft" else self.dimuon_rl_learning_rate
+            return tinker.types.DimuonParams(learning_rate=lr)
+        lr = self.sft_learning_rate if phase == "sft" else self.rl_learning_rate
+        return tinker.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.95, eps=1e-8)
 
 
 SMOLLM2 = DemoConfig(

@@ -51,10 +51,8 @@ def grpo_step(
     row["groups_filtered"] = len(groups) - row["groups_kept"]
     num_tokens = sum(len(c.tokens) for g in groups for c in g)
     if datums:
-        adam = tinker.AdamParams(learning_rate=cfg.rl_learning_rate, beta1=0.9, beta2=0.95,
-                                 eps=1e-8)
         fwd_bwd = training.forward_backward(datums, "importance_sampling")
-        optim = training.optim_step(adam)
+        optim = training.optim_step(cfg.optim_params("rl"))
         out = fwd_bwd.result()
         optim.result()
         row["loss"] = out.metrics["loss:sum"]

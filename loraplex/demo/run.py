@@ -64,9 +64,9 @@ def _manifest_header(ctx: _Run) -> dict:
         "renderer": "tokenizer chat template (apply_chat_template), end token "
         f"{renderer.end_token}",
         "loss": {"sft": "cross_entropy", "rl": "importance_sampling", "config": {}},
-        "optimizer": {"type": "adamw", "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
-                      "sft_learning_rate": cfg.sft_learning_rate,
-                      "rl_learning_rate": cfg.rl_learning_rate},
+        "optimizer": {"type": cfg.optimizer,
+                      "sft": cfg.optim_params("sft").model_dump(),
+                      "rl": cfg.optim_params("rl").model_dump()},
         "config": asdict(cfg),
         "task": cfg.task,
         "fixtures": fixtures,
@@ -133,8 +133,8 @@ class _Run:
 def _start(base_url: str, api_key: str, cfg: DemoConfig, out_dir: Path,
            console: Console) -> _Run:
     service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
-    training = service.create_lora_training_client(cfg.base_model, rank=cfg.rank,
-                                                   seed=cfg.seed).result()
+    training = service.create_lora_training_client(cfg.base_model, rank=cfg.rank, seed=cfg.seed,
+                                                   optimizer=cfg.optimizer_config()).result()
     renderer = Renderer.for_tokenizer(training.get_tokenizer())
     eval_params = tinker.SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                                         stop=[renderer.end_token], seed=cfg.seed + 7)

@@ -17,7 +17,8 @@ def run_sft(
     training: tinker.TrainingClient, renderer: Renderer, task: DemoTask, cfg: DemoConfig,
     on_step: Callable[[dict[str, Any]], None],
 ) -> None:
-    """`cfg.sft_steps` steps of pipelined forward_backward + optim_step over the warm-start mix.
+    """`cfg.sft_steps` steps of pipelined forward_backward + optim_step over the warm-start mix
+    (with the run's optimizer, `DemoConfig.optim_params`).
 
     Each step's row reports the mean NLL per completion token (``loss:sum`` / weight sum).
     """
@@ -26,14 +27,14 @@ def run_sft(
                   renderer.end_token)
         for p, c in task.sft_pairs()
     ]
-    adam = tinker.AdamParams(learning_rate=cfg.sft_learning_rate, beta1=0.9, beta2=0.95, eps=1e-8)
+    optim_params = cfg.optim_params("sft")
     cursor = 0
     for step in range(cfg.sft_steps):
         batch = [datums[(cursor + i) % len(datums)] for i in range(cfg.sft_batch)]
         cursor += cfg.sft_batch
         t0 = time.perf_counter()
         fwd_bwd = training.forward_backward(batch, "cross_entropy")
-        optim = training.optim_step(adam)
+        optim = training.optim_step(optim_params)
         out = fwd_bwd.result()
         optim.result()
         num_targets = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in batch)

@@ -15,7 +15,7 @@ from loraplex.domain.custom_loss import CustomLoss, CustomLossFn
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.losses import LossFnName
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import OptimParams
 from loraplex.domain.sampling import SamplingParams
 
 #: loss_fn_inputs key under which resolved sampling-time logprobs reach the engine
@@ -52,11 +52,12 @@ class ForwardBackwardWork:
 
 @dataclass(frozen=True)
 class OptimStepWork:
-    """Apply the adapter's accumulated gradients with AdamW, then clear them."""
+    """Apply the adapter's accumulated gradients with the run's optimizer (AdamW or Dimuon,
+    the family of ``params``), then clear them."""
 
     request_id: str
     adapter_id: str
-    adam: AdamParams
+    params: OptimParams
 
 
 @dataclass(frozen=True)

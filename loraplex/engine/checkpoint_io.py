@@ -1,4 +1,4 @@
-"""Adapter checkpoints on disk: exact save and restore of one adapter (+ its AdamW state).
+"""Adapter checkpoints on disk: exact save and restore of one adapter (+ its optimizer state).
 
 A checkpoint is a directory, created atomically: the files are written into a temporary
 directory beside the destination, each fsynced, then the directory is renamed into place (and
@@ -13,7 +13,7 @@ its parent fsynced), so a reader sees either nothing or the whole checkpoint. La
       adapter_weights.safetensors  fp32, `LoraAdapter.named_parameters` names:
                                    ``<target>.lora_A`` [layers, rank, d_in],
                                    ``<target>.lora_B`` [layers, d_out, rank]
-      optimizer_state.safetensors  only with the optimizer: `AdamWState.state_dict`, i.e.
+      optimizer_state.safetensors  only with the optimizer: `OptimizerState.state_dict`, i.e.
                                    ``step`` (fp32 scalar), ``exp_avg.<name>``,
                                    ``exp_avg_sq.<name>``
       adapter_config.json          only with ``peft_export``: see `peft_export`
@@ -43,7 +43,7 @@ from loraplex.engine.lora import stage_slices
 from loraplex.engine.lora.adapter import LoraAdapter, LoraWeights
 from loraplex.engine.lora.targets import target_shape, targets_of
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.errors import ConflictError, user_error
 
 FORMAT, VERSION = "loraplex-adapter", 1
@@ -60,7 +60,7 @@ class LoadedAdapter:
     executor's `PreparedAdapter`: read off the engine's thread, installed on it)."""
 
     adapter: LoraAdapter
-    optimizer: AdamWState | None
+    optimizer: OptimizerState | None
 
     @property
     def config(self) -> LoraConfig:
@@ -82,13 +82,13 @@ def base_model_fields(spec: ModelSpec) -> dict[str, Any]:
 
 
 def save_checkpoint(directory: str, adapter: LoraAdapter, spec: ModelSpec,
-                    optimizer: AdamWState | None,
+                    optimizer: OptimizerState | None,
                     extra: Callable[[str], None] | None = None) -> int:
     """Write ``adapter`` (and ``optimizer`` when given) as a new checkpoint directory.
 
     Args:
         directory: destination; must not exist (its parent is created if needed).
-        optimizer: the AdamW state to save with it, or None for weights only.
+        optimizer: the optimizer state to save with it, or None for weights only.
         extra: writes more files into the temporary directory before the rename (PEFT export).
 
     Returns:
@@ -129,7 +129,7 @@ def load_checkpoint(directory: str, spec: ModelSpec, device: torch.device | str,
     """Read a checkpoint written by `save_checkpoint`.
 
     Args:
-        with_optimizer: also restore the AdamW state (the checkpoint must have one).
+        with_optimizer: also restore the optimizer state (the checkpoint must have one).
         trainable: leaves that require grad (a training adapter) or frozen ones (a sampler).
         expect_config: the LoRA config the checkpoint must have (a training run's own).
 
@@ -156,7 +156,7 @@ def load_checkpoint(directory: str, spec: ModelSpec, device: torch.device | str,
         named = adapter.named_parameters()
         state = stage_slices.cut(spec, config, read_safetensors(
             os.path.join(directory, OPTIMIZER), device))
-        optimizer = AdamWState.from_state_dict(state, [n for n, _ in named],
+        optimizer = OptimizerState.from_state_dict(state, [n for n, _ in named],
                                                [p for _, p in named])
     return LoadedAdapter(adapter, optimizer)
 

@@ -40,7 +40,7 @@ from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.stage_pipe import StagePipe
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.engine.paging.memory_stats import MemoryStats
 from loraplex.engine.paging.pager import AdapterPager
 from loraplex.engine.peft_export import write_peft_adapter
@@ -170,7 +170,7 @@ class Engine:
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
-        """Weights (+ AdamW state, zeros before the first step) (+ PEFT files), atomically.
+        """Weights (+ optimizer state, zeros before the first step) (+ PEFT files), atomically.
         A paged-out adapter is saved from its host or disk copy, without paging it in."""
         with self.pager.reading(work.adapter_id) as (adapter, state):
             optimizer = None
@@ -178,7 +178,7 @@ class Engine:
                 optimizer = state
                 if optimizer is None:  # no step yet: save zero moments without keeping them
                     named = adapter.named_parameters()
-                    optimizer = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+                    optimizer = OptimizerState.zeros([n for n, _ in named], [p for _, p in named])
 
             def peft(directory: str) -> None:
                 write_peft_adapter(directory, adapter, self.model_dir)
@@ -196,7 +196,7 @@ class Engine:
             if with_optimizer and is_trainable(adapter):
                 if state is None:  # no step yet: zero moments
                     named = adapter.named_parameters()
-                    state = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+                    state = OptimizerState.zeros([n for n, _ in named], [p for _, p in named])
                 optimizer = state.state_dict()
         return AdapterShare(adapter.config, weights, optimizer)
 
@@ -218,7 +218,7 @@ class Engine:
     def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
         """Make a read checkpoint resident as ``adapter_id``, replacing an adapter of that id.
 
-        A training adapter's AdamW moments and step come from the checkpoint, or restart from
+        A training adapter's optimizer moments and step come from the checkpoint, or restart from
         zero when it was read without them; gradients accumulated in the replaced adapter are
         dropped.
         """

@@ -3,7 +3,7 @@
 
 The group's ranks hold their layers' rows of every adapter tensor (`lora.stage_slices`);
 joined in stage order they are the whole tensors, bit for bit, so the checkpoint directory
-(manifest, weights, AdamW state, PEFT export) is byte-for-byte the format a single engine
+(manifest, weights, optimizer state, PEFT export) is byte-for-byte the format a single engine
 writes, and loads under any number of stages. Reading is per stage (`checkpoint_io` cuts each
 tensor), so no rank ever holds another's share. Knows nothing of processes.
 """
@@ -18,7 +18,7 @@ from loraplex.domain.lora import LoraConfig
 from loraplex.engine.checkpoint_io import adapter_from_tensors, save_checkpoint
 from loraplex.engine.lora import stage_slices
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.engine.peft_export import write_peft_adapter
 
 
@@ -29,7 +29,7 @@ class AdapterShare:
     Attributes:
         config: the adapter's LoRA config.
         weights: `LoraAdapter.named_parameters` names → this stage's rows.
-        optimizer: `AdamWState.state_dict` names → this stage's rows (and the step); None
+        optimizer: `OptimizerState.state_dict` names → this stage's rows (and the step); None
             when not asked for or the adapter is a frozen sampler copy.
     """
 
@@ -49,7 +49,7 @@ def save_joined(directory: str, shares: list[AdapterShare], spec: ModelSpec, mod
     if shares[0].optimizer is not None:
         named = adapter.named_parameters()
         state = stage_slices.join([s.optimizer or {} for s in shares])
-        optimizer = AdamWState.from_state_dict(state, [n for n, _ in named],
+        optimizer = OptimizerState.from_state_dict(state, [n for n, _ in named],
                                                [p for _, p in named])
 
     def peft(path: str) -> None:

@@ -16,10 +16,12 @@ from array import array
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import assert_never
 
 import torch
 
 from loraplex.domain.custom_loss import CUSTOM_LOSS_FN
+from loraplex.domain.optim import AdamParams, DimuonParams, OptimizerFamily
 from loraplex.domain.results import (
     ForwardBackwardResult,
     FwdBwdOutcome,
@@ -40,7 +42,8 @@ from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.stage_pipe import StagePipe
 from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.optim.adamw import adamw_step
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.dimuon import dimuon_step
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.errors import LoraplexError, user_error
 
 #: A batch of at least this many tokens runs with blocks of `MAPPED_BLOCK_BYTES` or more
@@ -98,7 +101,7 @@ class Trainer:
         self.bank = bank
         self.max_context = max_context
         self.pipe = pipe
-        self._optimizers: dict[str, AdamWState] = {}
+        self._optimizers: dict[str, OptimizerState] = {}
 
     # ---- forward / backward ----------------------------------------------------------------
 
@@ -264,7 +267,7 @@ class Trainer:
     # ---- optimizer -------------------------------------------------------------------------
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
-        """One AdamW step per work's adapter, in order; each frees that adapter's gradients."""
+        """One optimizer step per work's adapter, in order; each frees that adapter's gradients."""
         outcomes: list[OptimOutcome] = []
         for work in works:
             try:
@@ -274,7 +277,8 @@ class Trainer:
         return outcomes
 
     def _step(self, work: OptimStepWork) -> OptimStepResult:
-        """AdamW on the adapter's accumulated gradients.
+        """AdamW or Dimuon (the family ``work.params`` names) on the adapter's accumulated
+        gradients.
 
         An adapter with no accumulated gradients (no forward_backward since its last step)
         takes no step: weights, moments and step count stay as they are, as
@@ -285,7 +289,7 @@ class Trainer:
         if not is_trainable(adapter):
             raise user_error("model_id", f"adapter {work.adapter_id!r} is a frozen sampler "
                              "snapshot; it has no optimizer")
-        adam = work.adam.validate()
+        hyper = work.params.validate()
         named = adapter.named_parameters()
         grads = [p.grad for _, p in named]
         params = [p for _, p in named]
@@ -299,11 +303,17 @@ class Trainer:
             has_grads, total_norm = self._group_norm(full, has_grads)
         if not has_grads:
             return OptimStepResult({"grad_norm:mean": 0.0, "learning_rate:mean":
-                                    adam.learning_rate})
-        state = self.optimizer_state(work.adapter_id, create=True)
-        assert state is not None
+                                    hyper.learning_rate})
+        state = self._state_for(work.adapter_id, hyper.family)
         try:
-            metrics = adamw_step(params, full, state, adam, total_norm=total_norm)
+            match hyper:
+                case AdamParams():
+                    metrics = adamw_step(params, full, state, hyper, total_norm=total_norm)
+                case DimuonParams():
+                    metrics = dimuon_step(params, full, state, hyper, adapter.rank,
+                                          total_norm=total_norm)
+                case _:
+                    assert_never(hyper)
         finally:
             adapter.free_grads()  # also after a non-finite norm: those gradients are unusable
         return OptimStepResult(metrics)
@@ -319,16 +329,38 @@ class Trainer:
         norms = torch.tensor([n for _, ns in shares for n in ns], dtype=torch.float32)
         return any(h for h, _ in shares), torch.linalg.vector_norm(norms)
 
-    def optimizer_state(self, adapter_id: str, create: bool = False) -> AdamWState | None:
-        """The adapter's AdamW state (zeros, created now when ``create``), or None."""
+    def optimizer_state(self, adapter_id: str, create: bool = False,
+                        family: OptimizerFamily = "adamw") -> OptimizerState | None:
+        """The adapter's optimizer state (zeros of ``family``, created now when ``create``),
+        or None."""
         state = self._optimizers.get(adapter_id)
         if state is None and create:
             named = self.bank.get(adapter_id).named_parameters()
-            state = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+            state = OptimizerState.zeros([n for n, _ in named], [p for _, p in named], family)
             self._optimizers[adapter_id] = state
         return state
 
-    def set_optimizer_state(self, adapter_id: str, state: AdamWState | None) -> None:
+    def _state_for(self, adapter_id: str, family: OptimizerFamily) -> OptimizerState:
+        """The state a step of ``family`` updates. A state of the other family that has taken
+        no step (zeros saved before the first step) carries nothing and is replaced.
+
+        Raises:
+            UserError: the adapter's state has stepped with the other family.
+        """
+        state = self.optimizer_state(adapter_id, create=True, family=family)
+        assert state is not None
+        if state.family == family:
+            return state
+        if state.num_steps > 0:
+            raise user_error("optimizer_params.type", f"this model's optimizer state is "
+                             f"{state.family!r} ({state.num_steps} steps); a {family!r} step "
+                             "cannot use it")
+        self._optimizers.pop(adapter_id)
+        fresh = self.optimizer_state(adapter_id, create=True, family=family)
+        assert fresh is not None
+        return fresh
+
+    def set_optimizer_state(self, adapter_id: str, state: OptimizerState | None) -> None:
         """Install a restored state (None: start over from zero moments at the next step)."""
         if state is None:
             self._optimizers.pop(adapter_id, None)

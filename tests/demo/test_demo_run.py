@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,39 @@ def test_manifest_tags_every_trajectory_with_its_policy_version(demo_out: Path) 
             assert traj["policy_version"] == step["sampler_path"]
             assert {"tokens", "reward", "group_mean", "mask_tokens"} <= traj.keys()
     assert (demo_out / "curves.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def dimuon_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's SFT warm start (its full 200 steps) with Dimuon, and one GRPO step."""
+    out = tmp_path_factory.mktemp("demo-dimuon")
+    cmd = [sys.executable, "-m", "loraplex", "demo", "--out", str(out), "--steps", "1",
+           "--threads", "1", "--optimizer", "dimuon"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def sft_losses(out: Path) -> list[float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["phase"] == "sft"]
+
+
+def test_the_sft_warm_start_learns_with_dimuon(demo_out: Path, dimuon_out: Path,
+                                               record_property: Callable[[str, object], None]
+                                               ) -> None:
+    """Dimuon against AdamW, each at the demo's learning rate for it: the curves are reported
+    (``record_property`` and stdout), and only "it learns" is asserted."""
+    dimuon, adamw = sft_losses(dimuon_out), sft_losses(demo_out)
+    manifest = json.loads((dimuon_out / "manifest.json").read_text())
+    assert manifest["optimizer"]["type"] == "dimuon"
+    assert manifest["optimizer"]["sft"]["type"] == "dimuon"
+    marks = [0, 9, 49, 99, len(dimuon) - 1]
+    report = {f"step {i}": {"dimuon": round(dimuon[i], 4), "adamw": round(adamw[i], 4)}
+              for i in marks}
+    record_property("sft_loss_dimuon_vs_adamw", report)
+    print("SFT loss per completion token, Dimuon vs AdamW:", json.dumps(report))
+    assert len(dimuon) == len(adamw)
+    assert sum(dimuon[-10:]) / 10 < sum(dimuon[:10]) / 10 / 4
+    summary = json.loads((dimuon_out / "summary.json").read_text())
+    assert summary["max_abs_kl_sample_train"] == 0.0

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import AdamParams, DimuonParams, OptimParams
 from loraplex.domain.results import ForwardBackwardResult
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SaveWork
 from loraplex.engine.checkpoint_io import MANIFEST, OPTIMIZER, WEIGHTS
@@ -39,8 +39,8 @@ def batches(num: int) -> list[list[ForwardBackwardWork]]:
              work(f"s{i}", "?", [rl_datum(gen, 9, VOCAB)], "ppo")] for i in range(num)]
 
 
-def train(engine: Engine, adapter_id: str, steps: list[list[ForwardBackwardWork]]
-          ) -> list[ForwardBackwardResult]:
+def train(engine: Engine, adapter_id: str, steps: list[list[ForwardBackwardWork]],
+          optimizer: OptimParams = ADAM) -> list[ForwardBackwardResult]:
     results = []
     for step in steps:
         outcomes = engine.forward_backward([ForwardBackwardWork(
@@ -48,24 +48,27 @@ def train(engine: Engine, adapter_id: str, steps: list[list[ForwardBackwardWork]
             for w in step])
         assert all(isinstance(o, ForwardBackwardResult) for o in outcomes), outcomes
         results += outcomes  # type: ignore[arg-type]
-        engine.optim_step([OptimStepWork("o", adapter_id, ADAM)])
+        engine.optim_step([OptimStepWork("o", adapter_id, optimizer)])
     return results
 
 
+@pytest.mark.parametrize("optimizer", [ADAM, DimuonParams(learning_rate=0.02, damping=1e-3)],
+                         ids=["adamw", "dimuon"])
 def test_resume_with_optimizer_is_bitwise_identical_to_never_stopping(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+        tiny_model_dir: Path, tmp_path: Path, optimizer: OptimParams) -> None:
     steps = batches(6)
     uninterrupted = engine_with(tiny_model_dir)
-    train(uninterrupted, "a", steps[:3])
+    train(uninterrupted, "a", steps[:3], optimizer)
     uninterrupted.save_adapter(SaveWork("a", str(tmp_path / "ckpt"), with_optimizer=True))
-    expected = train(uninterrupted, "a", steps[3:])
+    expected = train(uninterrupted, "a", steps[3:], optimizer)
 
     resumed = Engine(str(tiny_model_dir), EngineConfig())  # a fresh process, in effect
     loaded = resumed.load_adapter(LoadWork("b", str(tmp_path / "ckpt"), with_optimizer=True,
                                            expect_config=CONFIG))
     assert loaded.config == CONFIG
-    assert resumed.trainer.optimizer_state("b").num_steps == 3  # type: ignore[union-attr]
-    got = train(resumed, "b", steps[3:])
+    state = resumed.trainer.optimizer_state("b")
+    assert state is not None and state.num_steps == 3 and state.family == optimizer.family
+    got = train(resumed, "b", steps[3:], optimizer)
     assert [r.logprobs for r in got] == [r.logprobs for r in expected]
     assert [r.metrics for r in got] == [r.metrics for r in expected]
     for p, q in zip(resumed.bank.get("b").parameters(), uninterrupted.bank.get("a").parameters(),

@@ -13,7 +13,7 @@ import torch
 from loraplex.config import EngineConfig
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.lora import LoraConfig
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import AdamParams, DimuonParams
 from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.engine.executor import Engine
@@ -308,3 +308,25 @@ def test_non_finite_gradients_are_discarded_for_that_adapter_only(tiny_model_dir
     assert ok(outcomes[1]).logprobs == expected.logprobs
     for g, g_ref in zip(grads(engine, "a"), grads(reference, "a"), strict=True):
         assert g is not None and g_ref is not None and rel_err(g, g_ref) <= REL_TOL
+
+
+def test_a_state_refuses_steps_of_the_other_family_once_it_has_stepped(tiny_model_dir: Path
+                                                                       ) -> None:
+    """A never-stepped state of the other family (zeros saved before a first step) carries
+    nothing and is replaced; a stepped one refuses the other family's step, changing nothing."""
+    engine = make_engine(tiny_model_dir)
+    gen = torch.Generator().manual_seed(7)
+    engine.trainer.optimizer_state("a", create=True)  # AdamW zeros, as a load of those makes
+    engine.forward_backward([work("f0", "a", [ce_datum(gen, 16, VOCAB)])])
+    dimuon = DimuonParams(learning_rate=0.01)
+    assert isinstance(engine.optim_step([OptimStepWork("o0", "a", dimuon)])[0], OptimStepResult)
+    state = engine.trainer.optimizer_state("a")
+    assert state is not None and state.family == "dimuon" and state.num_steps == 1
+    engine.forward_backward([work("f1", "a", [ce_datum(gen, 16, VOCAB)])])
+    before = [p.detach().clone() for p in engine.bank.get("a").parameters()]
+    refused = engine.optim_step([OptimStepWork("o1", "a", AdamParams())])[0]
+    assert isinstance(refused, UserError) and refused.field == "optimizer_params.type"
+    assert "'dimuon' (1 steps)" in str(refused)
+    assert all(torch.equal(p, b) for p, b in zip(engine.bank.get("a").parameters(), before,
+                                                  strict=True))
+    assert engine.trainer.optimizer_state("a") is state and state.num_steps == 1

@@ -81,5 +81,6 @@ async def optim_step(request: Request, tenant: Tenant) -> dict[str, str]:
 @keeps_slot
 def optim_step_op(slot: TrainingSlot, raw: bytes) -> OptimStepWork:
     body = schemas.parse(schemas.OptimStepRequest, raw)
+    family = slot.live.run.optimizer_config.get("type", "adamw")
     return OptimStepWork(request_id=slot.request_id, adapter_id=slot.model_id,
-                         adam=convert.adam_params(body.optim_params))
+                         params=convert.optim_params(body.optim_params, family))

@@ -119,7 +119,9 @@ async def load_weights(request: Request, tenant: Tenant) -> dict[str, Any]:
 @keeps_slot
 def load_weights_op(ctx: ServerContext, slot: TrainingSlot, raw: bytes) -> LoadOp:
     body = schemas.parse(schemas.LoadWeightsRequest, raw)
-    record, _ = readable_checkpoint(ctx, slot.live.run.tenant, body.path)
+    record, source_run = readable_checkpoint(ctx, slot.live.run.tenant, body.path)
+    if body.optimizer:
+        same_family(source_run.optimizer_config, slot.live.run.optimizer_config, "path")
     work = LoadWork(slot.model_id, record.directory, body.optimizer,
                     expect_config=slot.live.run.lora)
     return LoadOp(work, record.path)
@@ -140,13 +142,33 @@ def _create_via_load(ctx: ServerContext, tenant: str,
     model_id = ids.model_id(session_id, convert.model_seq_id(body.model_seq_id))
     new_run = TrainingRun(
         model_id=model_id, tenant=tenant, session_id=session_id, base_model=served.name,
-        lora=source_run.lora, optimizer_config=convert.optimizer_config(body.optimizer_config),
+        lora=source_run.lora, optimizer_config=_new_run_optimizer(body, source_run),
         user_metadata=body.user_metadata or dict(source_run.user_metadata))
     work = LoadWork(model_id, record.directory, body.optimizer)
     item = WorkItem(new_request_id(), tenant, "LoadWeights",
                     LoadOp(work, record.path, new_run), model_id=model_id, seq_id=0)
     admitted = served.lanes.submit(item)
     return {"request_id": admitted.request_id, "model_id": model_id}
+
+
+def _new_run_optimizer(body: schemas.LoadWeightsRequest, source: TrainingRun
+                       ) -> dict[str, Any]:
+    """With its optimizer state, a run loaded from a checkpoint keeps the checkpoint's optimizer
+    (a config naming another family is refused); without, the one the request names."""
+    if not body.optimizer:
+        return convert.optimizer_config(body.optimizer_config)
+    if body.optimizer_config is not None:
+        same_family(source.optimizer_config, convert.optimizer_config(body.optimizer_config),
+                    "optimizer_config.type")
+    return dict(source.optimizer_config)
+
+
+def same_family(checkpoint: Mapping[str, Any], run: Mapping[str, Any], field: str) -> None:
+    """Refuse optimizer state of one family for a run of the other."""
+    have, want = checkpoint.get("type", "adamw"), run.get("type", "adamw")
+    if have != want:
+        raise user_error(field, f"the checkpoint's optimizer state is {have!r}; this model's "
+                         f"optimizer is {want!r} (load without the optimizer state instead)")
 
 
 @router.post("/weights_info")

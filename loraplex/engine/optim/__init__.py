@@ -1,6 +1,7 @@
-"""Per-adapter AdamW over adapter tensors only; the base model has no optimizer state.
+"""Per-adapter optimizers over adapter tensors only; the base model has no optimizer state.
 
-`adamw_state.AdamWState` holds one adapter's moments and step (created at adapter creation or
-lazily before its first step, saved and restored exactly); `adamw.adamw_step` applies one
-Tinker `AdamParams` step to that adapter's tensors and returns its metrics.
+`optimizer_state.OptimizerState` holds one adapter's step and moments (AdamW's two or Dimuon's
+momentum; created lazily before its first step, saved, paged and restored exactly);
+`adamw.adamw_step` applies one Tinker `AdamParams` step and `dimuon.dimuon_step` one
+`DimuonParams` step to that adapter's tensors, returning its metrics.
 """

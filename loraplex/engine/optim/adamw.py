@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from loraplex.domain.optim import AdamParams
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.errors import user_error
 
 Implementation = Literal["fused", "foreach"]
@@ -35,7 +35,7 @@ CLIP_EPSILON = 1e-6  # the epsilon of torch.nn.utils.clip_grad_norm_
 def adamw_step(
     params: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
-    state: AdamWState,
+    state: OptimizerState,
     adam: AdamParams,
     implementation: Implementation = "fused",
     total_norm: torch.Tensor | None = None,
@@ -81,7 +81,7 @@ def adamw_step(
 
 
 def fused_update(
-    params: list[torch.Tensor], grads: list[torch.Tensor], state: AdamWState, adam: AdamParams
+    params: list[torch.Tensor], grads: list[torch.Tensor], state: OptimizerState, adam: AdamParams
 ) -> None:
     """``torch._fused_adamw_``; every tensor shares the adapter's (already incremented) step."""
     torch._fused_adamw_(
@@ -102,7 +102,7 @@ def fused_update(
 
 
 def foreach_update(
-    params: list[torch.Tensor], grads: list[torch.Tensor], state: AdamWState, adam: AdamParams
+    params: list[torch.Tensor], grads: list[torch.Tensor], state: OptimizerState, adam: AdamParams
 ) -> None:
     """torch.optim's ``_multi_tensor_adam`` (decoupled decay, not capturable), op for op."""
     lr, beta1, beta2 = adam.learning_rate, adam.beta1, adam.beta2

@@ -1,5 +1,5 @@
 """`AdapterState`: one adapter's complete mutable state held apart from the adapter: its leaf
-values, the gradients accumulated into them since the last optim_step, and its AdamW state.
+values, the gradients accumulated into them since the last optim_step, and its optimizer state.
 
 What the pager moves between tiers. Moving is exact (plain copies, no dtype change) and lazy:
 tensors already on the target device are handed over, not copied, so on a CPU engine the
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from loraplex.engine.lora.adapter import LoraAdapter
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 
 
 @dataclass
@@ -23,16 +23,16 @@ class AdapterState:
         params: leaf values, detached (the adapter keeps the ``requires_grad`` flags on its
             placeholders while paged out).
         grads: accumulated gradients (None: nothing accumulated for that leaf).
-        optimizer: the adapter's AdamW state (None: no step taken yet, or a frozen adapter).
+        optimizer: the adapter's optimizer state (None: no step taken yet, or a frozen adapter).
     """
 
     names: tuple[str, ...]
     params: list[torch.Tensor]
     grads: list[torch.Tensor | None]
-    optimizer: AdamWState | None
+    optimizer: OptimizerState | None
 
     @staticmethod
-    def of(adapter: LoraAdapter, optimizer: AdamWState | None) -> AdapterState:
+    def of(adapter: LoraAdapter, optimizer: OptimizerState | None) -> AdapterState:
         """The state of a resident adapter (references, no copy)."""
         named = adapter.named_parameters()
         names = tuple(n for n, _ in named)
@@ -57,10 +57,7 @@ class AdapterState:
                 copied += _nbytes(t)
             return moved
 
-        optimizer = None
-        if (opt := self.optimizer) is not None:
-            optimizer = AdamWState(opt.names, move(opt.step), [move(m) for m in opt.exp_avg],
-                                   [move(v) for v in opt.exp_avg_sq])
+        optimizer = self.optimizer.map(move) if self.optimizer is not None else None
         state = AdapterState(self.names, [move(p) for p in self.params],
                              [None if g is None else move(g) for g in self.grads], optimizer)
         return state, copied

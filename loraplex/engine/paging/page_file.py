@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from safetensors.torch import load_file, save_file
 
-from loraplex.engine.optim.adamw_state import STEP_KEY, AdamWState
+from loraplex.engine.optim.optimizer_state import MOMENTUM_PREFIX, STEP_KEY, OptimizerState
 from loraplex.engine.paging.adapter_state import AdapterState
 
 
@@ -43,10 +43,7 @@ class PageFile:
             if g is not None:
                 tensors[f"grad.{name}"] = g
         if (opt := state.optimizer) is not None:
-            tensors[STEP_KEY] = opt.step
-            for name, m, v in zip(opt.names, opt.exp_avg, opt.exp_avg_sq, strict=True):
-                tensors[f"exp_avg.{name}"] = m
-                tensors[f"exp_avg_sq.{name}"] = v
+            tensors.update(opt.tensors())
         tmp = f"{path}.tmp"
         save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp)
         os.replace(tmp, path)
@@ -57,12 +54,19 @@ class PageFile:
         tensors = load_file(self.path, device=str(device))
         optimizer = None
         if STEP_KEY in tensors:
-            optimizer = AdamWState(self.names, tensors[STEP_KEY],
-                                   [tensors[f"exp_avg.{n}"] for n in self.names],
-                                   [tensors[f"exp_avg_sq.{n}"] for n in self.names])
+            optimizer = _optimizer(self.names, tensors)
         return AdapterState(self.names, [tensors[f"param.{n}"] for n in self.names],
                             [tensors.get(f"grad.{n}") for n in self.names], optimizer)
 
     def delete(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
+
+
+def _optimizer(names: tuple[str, ...], tensors: dict[str, torch.Tensor]) -> OptimizerState:
+    """The optimizer state a page holds (the keys of `OptimizerState.tensors`), by reference."""
+    if OptimizerState.family_of(tensors) == "dimuon":
+        return OptimizerState(names, tensors[STEP_KEY],
+                              [tensors[f"{MOMENTUM_PREFIX}{n}"] for n in names], [], "dimuon")
+    return OptimizerState(names, tensors[STEP_KEY], [tensors[f"exp_avg.{n}"] for n in names],
+                          [tensors[f"exp_avg_sq.{n}"] for n in names])

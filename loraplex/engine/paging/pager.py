@@ -1,7 +1,7 @@
 """`AdapterPager`: keeps resident adapter state within `EngineConfig.adapter_memory_budget` by
 paging idle adapters out to host memory, then to disk, and back in bit for bit on next use.
 
-An adapter's state is its leaves + accumulated gradients + AdamW moments and step
+An adapter's state is its leaves + accumulated gradients + optimizer moments and step
 (`AdapterState`); each adapter of the bank is in exactly one tier:
 * resident: real tensors in its `LoraAdapter` and in the `Trainer`, in LRU order of last use;
 * host: an `AdapterState` of CPU tensors. On a CPU engine that is the same RAM: the move hands
@@ -50,7 +50,7 @@ import torch
 
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.engine.paging.adapter_state import AdapterState
 from loraplex.engine.paging.memory_stats import MemoryStats, PageStats
 from loraplex.engine.paging.page_file import PageFile
@@ -62,12 +62,12 @@ STEP_BYTES = 4
 
 
 class OptimizerStates(Protocol):
-    """Where resident adapters keep their AdamW state: the engine's `Trainer`. A Protocol so
+    """Where resident adapters keep their optimizer state: the engine's `Trainer`. A Protocol so
     that paging, below the trainer, does not import it."""
 
-    def optimizer_state(self, adapter_id: str) -> AdamWState | None: ...
+    def optimizer_state(self, adapter_id: str) -> OptimizerState | None: ...
 
-    def set_optimizer_state(self, adapter_id: str, state: AdamWState | None) -> None: ...
+    def set_optimizer_state(self, adapter_id: str, state: OptimizerState | None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class AdapterPager:
     def __init__(self, bank: AdapterBank, trainer: OptimizerStates, *, budget: int | None,
                  host_budget: int | None, page_dir: str | None) -> None:
         """Args:
-            bank, trainer: where resident adapters keep their leaves and AdamW state.
+            bank, trainer: where resident adapters keep their leaves and optimizer state.
             budget: device bytes for resident state (None: unlimited, nothing pages out).
             host_budget: bytes of host copies before spilling to disk (None: unlimited).
             page_dir: where the private page directory is made (None: the system temp dir).
@@ -178,8 +178,8 @@ class AdapterPager:
             return paged_out
 
     @contextmanager
-    def reading(self, adapter_id: str) -> Iterator[tuple[LoraAdapter, AdamWState | None]]:
-        """The adapter and its AdamW state wherever they lie (paged-out ones as CPU tensors),
+    def reading(self, adapter_id: str) -> Iterator[tuple[LoraAdapter, OptimizerState | None]]:
+        """The adapter and its optimizer state wherever they lie (paged-out ones as CPU tensors),
         pinned until the block ends; nothing is paged in or out. For checkpoint saves.
 
         A page file is read after the lock is let go: the pin keeps it in place, and while a
@@ -376,7 +376,7 @@ class AdapterPager:
     # ---- sizes -----------------------------------------------------------------------------
 
     def _measure(self, adapter_id: str) -> int:
-        """Current device bytes of a resident adapter: leaves, gradients, AdamW state."""
+        """Current device bytes of a resident adapter: leaves, gradients, optimizer state."""
         optimizer = self._trainer.optimizer_state(adapter_id)
         return self._bank.get(adapter_id).nbytes() + (optimizer.nbytes if optimizer else 0)
 

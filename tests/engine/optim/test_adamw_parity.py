@@ -12,7 +12,7 @@ import torch
 
 from loraplex.domain.optim import AdamParams
 from loraplex.engine.optim.adamw import Implementation, adamw_step
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 
 SHAPES = [(16, 64), (64, 16), (4, 32), (32, 4), (7,)]
 STEPS = 20
@@ -63,7 +63,7 @@ def ours(
     adam: AdamParams, implementation: Implementation
 ) -> tuple[list[torch.Tensor], list[float]]:
     params, rounds = problem()
-    state = AdamWState.zeros([f"t{i}" for i in range(len(params))], params)
+    state = OptimizerState.zeros([f"t{i}" for i in range(len(params))], params)
     norms = []
     for grads in rounds:
         metrics = adamw_step(params, [g.clone() for g in grads], state, adam, implementation)
@@ -101,7 +101,7 @@ def test_clipping_matches_clip_grad_norm_and_scales_grads_in_place() -> None:
         p.grad = g.clone()
     torch.nn.utils.clip_grad_norm_(reference_params, 1e-4)
     params = [torch.zeros_like(g) for g in grads]
-    state = AdamWState.zeros(["w", "v"], params)
+    state = OptimizerState.zeros(["w", "v"], params)
     metrics = adamw_step(params, grads, state, AdamParams(learning_rate=0.1, grad_clip_norm=1e-4))
     assert metrics["grad_norm:mean"] == pytest.approx(5e-4)
     for p, g in zip(reference_params, grads, strict=True):
@@ -111,7 +111,7 @@ def test_clipping_matches_clip_grad_norm_and_scales_grads_in_place() -> None:
 
 def test_no_clipping_leaves_grads_untouched() -> None:
     params, grads = [torch.zeros(2)], [torch.tensor([3.0, 4.0])]
-    adamw_step(params, grads, AdamWState.zeros(["w"], params), AdamParams(grad_clip_norm=0.0))
+    adamw_step(params, grads, OptimizerState.zeros(["w"], params), AdamParams(grad_clip_norm=0.0))
     assert grads[0].tolist() == [3.0, 4.0]
 
 
@@ -126,12 +126,12 @@ def test_updates_views_of_a_bank_and_leaves_other_slots_alone(
     before = bank_a.clone(), bank_b.clone()
     slot = 2
     params = [bank_a[slot], bank_b[slot]]
-    state = AdamWState.zeros(["a", "b"], params)
+    state = OptimizerState.zeros(["a", "b"], params)
     adam = AdamParams(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=1.0)
     separate_grads = [grad_a[slot].clone(), grad_b[slot].clone()]  # clipping scales in place
     adamw_step(params, [grad_a[slot], grad_b[slot]], state, adam, implementation)
     separate = [before[0][slot].clone(), before[1][slot].clone()]
-    separate_state = AdamWState.zeros(["a", "b"], separate)
+    separate_state = OptimizerState.zeros(["a", "b"], separate)
     adamw_step(separate, separate_grads, separate_state, adam, implementation)
     assert torch.equal(bank_a[slot], separate[0]) and torch.equal(bank_b[slot], separate[1])
     others = [s for s in range(4) if s != slot]

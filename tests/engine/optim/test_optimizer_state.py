@@ -11,7 +11,7 @@ from safetensors.torch import load, save
 
 from loraplex.domain.optim import AdamParams
 from loraplex.engine.optim.adamw import Implementation, adamw_step
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.errors import UserError
 
 NAMES = ["layers.0.q_proj.lora_A", "layers.0.q_proj.lora_B", "unembed_tokens.lora_A"]
@@ -35,12 +35,12 @@ def test_training_continued_after_round_trip_is_bitwise_identical(
     implementation: Implementation,
 ) -> None:
     uninterrupted = fresh_params()
-    state = AdamWState.zeros(NAMES, uninterrupted)
+    state = OptimizerState.zeros(NAMES, uninterrupted)
     for step in range(20):
         adamw_step(uninterrupted, grads_for(step), state, ADAM, implementation)
 
     first_half = fresh_params()
-    state = AdamWState.zeros(NAMES, first_half)
+    state = OptimizerState.zeros(NAMES, first_half)
     for step in range(10):
         adamw_step(first_half, grads_for(step), state, ADAM, implementation)
     saved_params = save({n: p for n, p in zip(NAMES, first_half, strict=True)})
@@ -49,7 +49,7 @@ def test_training_continued_after_round_trip_is_bitwise_identical(
 
     loaded = load(saved_params)
     resumed = [loaded[n] for n in NAMES]
-    restored = AdamWState.from_state_dict(load(saved_state), NAMES, resumed)
+    restored = OptimizerState.from_state_dict(load(saved_state), NAMES, resumed)
     assert restored.num_steps == 10
     for step in range(10, 20):
         adamw_step(resumed, grads_for(step), restored, ADAM, implementation)
@@ -59,7 +59,7 @@ def test_training_continued_after_round_trip_is_bitwise_identical(
 
 def test_state_dict_names_are_stable_and_copies() -> None:
     params = fresh_params()
-    state = AdamWState.zeros(NAMES, params)
+    state = OptimizerState.zeros(NAMES, params)
     adamw_step(params, grads_for(0), state, ADAM)
     tensors = state.state_dict()
     assert set(tensors) == {"step"} | {f"exp_avg.{n}" for n in NAMES} | {
@@ -73,26 +73,26 @@ def test_state_dict_names_are_stable_and_copies() -> None:
 
 def test_restore_rejects_a_different_layout() -> None:
     params = fresh_params()
-    tensors = AdamWState.zeros(NAMES, params).state_dict()
+    tensors = OptimizerState.zeros(NAMES, params).state_dict()
     missing = dict(tensors)
     del missing[f"exp_avg_sq.{NAMES[1]}"]
     with pytest.raises(UserError) as info:
-        AdamWState.from_state_dict(missing, NAMES, params)
+        OptimizerState.from_state_dict(missing, NAMES, params)
     assert info.value.field == f"optimizer_state.exp_avg_sq.{NAMES[1]}"
     reshaped = dict(tensors, **{f"exp_avg.{NAMES[0]}": torch.zeros(8, 32)})
     with pytest.raises(UserError) as info:
-        AdamWState.from_state_dict(reshaped, NAMES, params)
+        OptimizerState.from_state_dict(reshaped, NAMES, params)
     assert info.value.field == f"optimizer_state.exp_avg.{NAMES[0]}"
     extra = dict(tensors, **{"exp_avg.other": torch.zeros(1)})
     with pytest.raises(UserError) as info:
-        AdamWState.from_state_dict(extra, NAMES, params)
+        OptimizerState.from_state_dict(extra, NAMES, params)
     assert info.value.field == "optimizer_state.exp_avg.other"
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_gradient_changes_nothing(bad: float) -> None:
     params = fresh_params()
-    state = AdamWState.zeros(NAMES, params)
+    state = OptimizerState.zeros(NAMES, params)
     adamw_step(params, grads_for(0), state, ADAM)
     before = [p.clone() for p in params], state.state_dict()
     grads = grads_for(1)
@@ -106,7 +106,7 @@ def test_non_finite_gradient_changes_nothing(bad: float) -> None:
 
 def test_invalid_adam_params_rejected_before_any_change() -> None:
     params = fresh_params()
-    state = AdamWState.zeros(NAMES, params)
+    state = OptimizerState.zeros(NAMES, params)
     with pytest.raises(UserError) as info:
         adamw_step(params, grads_for(0), state, AdamParams(beta1=1.0))
     assert info.value.field == "adam_params.beta1"
@@ -116,7 +116,7 @@ def test_invalid_adam_params_rejected_before_any_change() -> None:
 def test_first_step_uses_step_one() -> None:
     # Step 1 of Adam moves each weight by −lr·sign(g) (bias-corrected m/√v = g/|g|).
     params = [torch.zeros(3)]
-    state = AdamWState.zeros(["w"], params)
+    state = OptimizerState.zeros(["w"], params)
     adamw_step(params, [torch.tensor([2.0, -0.5, 1e-3])], state, AdamParams(learning_rate=0.1))
     torch.testing.assert_close(params[0], torch.tensor([-0.1, 0.1, -0.1]))
     assert state.num_steps == 1

@@ -1,6 +1,6 @@
 """`AdapterState` and `PageFile`: exact round trips through host memory and a page file, with
-and without gradients and AdamW state; a page-out writes the state's bytes and little more
-(the benchmark key ``page_bytes_vs_theory``)."""
+and without gradients, with AdamW and with Dimuon state; a page-out writes the state's bytes and
+little more (the benchmark key ``page_bytes_vs_theory``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from loraplex.domain.lora import LoraConfig
-from loraplex.domain.optim import AdamParams
+from loraplex.domain.optim import AdamParams, OptimizerFamily
 from loraplex.domain.work import OptimStepWork
 from loraplex.engine.lora.adapter import LoraAdapter
-from loraplex.engine.optim.adamw_state import AdamWState
+from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.engine.paging.adapter_state import AdapterState
 from loraplex.engine.paging.page_file import PageFile
 from tests.engine.paging.paging_rig import VOCAB, make_engine, same_bits
@@ -26,7 +26,8 @@ def tensors_of(state: AdapterState) -> list[torch.Tensor]:
     return out
 
 
-def random_state(spec_dir: Path, with_training: bool) -> AdapterState:
+def random_state(spec_dir: Path, with_training: bool, family: OptimizerFamily = "adamw"
+                 ) -> AdapterState:
     engine = make_engine(spec_dir)
     adapter = LoraAdapter.create(engine.model.spec, LoraConfig(rank=4, seed=1))
     gen = torch.Generator().manual_seed(0)
@@ -35,7 +36,8 @@ def random_state(spec_dir: Path, with_training: bool) -> AdapterState:
         for p in adapter.parameters()[::2]:  # only some leaves accumulated gradients
             p.grad = torch.randn(p.shape, generator=gen)
         named = adapter.named_parameters()
-        optimizer = AdamWState.zeros([n for n, _ in named], [p for _, p in named])
+        optimizer = OptimizerState.zeros([n for n, _ in named], [p for _, p in named],
+                                         family)
         for t in [optimizer.step, *optimizer.exp_avg, *optimizer.exp_avg_sq]:
             t.copy_(torch.randn(t.shape, generator=gen))
     return AdapterState.of(adapter, optimizer)
@@ -43,13 +45,17 @@ def random_state(spec_dir: Path, with_training: bool) -> AdapterState:
 
 def test_a_page_file_round_trips_every_tensor_bitwise(tiny_model_dir: Path, tmp_path: Path
                                                       ) -> None:
-    for with_training in (True, False):
-        state = random_state(tiny_model_dir, with_training)
+    cases: list[tuple[bool, OptimizerFamily]] = [(True, "adamw"), (True, "dimuon"),
+                                                 (False, "adamw")]
+    for with_training, family in cases:
+        state = random_state(tiny_model_dir, with_training, family)
         page = PageFile.write(state, str(tmp_path / f"{with_training}.safetensors"))
         back = page.read("cpu")
         assert back.names == state.names
         assert [g is None for g in back.grads] == [g is None for g in state.grads]
         assert (back.optimizer is None) == (state.optimizer is None)
+        if state.optimizer is not None:
+            assert back.optimizer is not None and back.optimizer.family == family
         assert all(same_bits(x, y)
                    for x, y in zip(tensors_of(back), tensors_of(state), strict=True))
         assert page.state_bytes == state.nbytes == sum(t.numel() * 4 for t in tensors_of(state))
