@@ -31,6 +31,7 @@ from loraplex.api.routes import (
     models,
     openai_completions,
     openai_models,
+    openai_tokenizer,
     openapi,
     operator_view,
     run_metrics,
@@ -48,7 +49,8 @@ from loraplex.api.routes import (
 
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
            stats, metrics, usage, openapi, run_metrics, tenant_view, operator_view, cycles,
-           trace, dashboard, openai_models, openai_completions, custom_losses, session_futures)
+           trace, dashboard, openai_models, openai_completions, openai_tokenizer, custom_losses,
+           session_futures)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

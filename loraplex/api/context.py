@@ -5,7 +5,8 @@ one scheduler per loaded model), the future store, and the download-URL signer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -23,6 +24,8 @@ class ServerContext:
     catalog: Catalog
     futures: FutureStore
     signer: UrlSigner
+    started_at: float = field(default_factory=time.time)
+    """When the server started: the ``created`` time of its served models in ``/v1/models``."""
 
 
 def ctx_of(request: Request) -> ServerContext:

@@ -96,7 +96,8 @@ def openai_error_body(error: LoraplexError, status: int) -> dict[str, Any]:
     code = {401: "invalid_api_key", 404: "model_not_found" if error.field == "model"
             else "not_found", 429: "rate_limit_exceeded"}.get(status)
     return {"error": {"message": error.message,
-                      "type": _OPENAI_TYPES.get(status, "server_error"),
+                      "type": _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500
+                                                else "server_error"),
                       "param": error.field, "code": code}}
 
 

@@ -1,5 +1,7 @@
 """Sample results → OpenAI response bodies and stream chunks (completions and chat).
 
+With ``echo`` (legacy completions), a choice's text, tokens and logprobs start with its
+prompt's, the first prompt token without a logprob (``null``), as vLLM and OpenAI show them.
 A completion is cut before the first stop string it contains (OpenAI returns text without the
 stop string; Tinker keeps the tokens that produced it), and a final EOS token is not shown. The
 tokens dropped that way still count in ``usage.completion_tokens``: they were sampled and are
@@ -26,14 +28,16 @@ class Choice:
 
     Attributes:
         pieces: the text each shown token adds (the last one cut at a stop string).
+        logprobs: per shown token (None: an echoed prompt's first token, which has none).
+        topk: alternatives per shown token (None inside: that first prompt token).
         topk_k: alternatives per token asked for (None: no logprobs asked).
     """
 
     index: int
     tokens: list[int]
     pieces: list[str]
-    logprobs: list[float]
-    topk: list[list[tuple[int, float]]] | None
+    logprobs: list[float | None]
+    topk: list[list[tuple[int, float]] | None] | None
     topk_k: int | None
     finish_reason: str
     num_sampled: int
@@ -44,13 +48,31 @@ class Choice:
 
 
 def choices(results: Sequence[SampleResult], text: ModelText, eos: Sequence[int],
-            stops: list[str] | None, topk_k: int | None) -> list[Choice]:
-    """The choices of one request, prompt-major (``index = prompt * n + sample``)."""
+            stops: list[str] | None, topk_k: int | None,
+            echo_prompts: Sequence[list[int]] | None = None) -> list[Choice]:
+    """The choices of one request, prompt-major (``index = prompt * n + sample``); with
+    ``echo_prompts`` (one per result, asked with prompt logprobs) each starts with its prompt."""
     out: list[Choice] = []
-    for result in results:
+    for i, result in enumerate(results):
         for seq in result.sequences:
-            out.append(_choice(len(out), seq, text, eos, stops, topk_k))
+            choice = _choice(len(out), seq, text, eos, stops, topk_k)
+            if echo_prompts is not None:
+                choice = _echoed(echo_prompts[i], result, choice, text)
+            out.append(choice)
     return out
+
+
+def _echoed(prompt: list[int], result: SampleResult, c: Choice, text: ModelText) -> Choice:
+    """``c`` preceded by its prompt: the prompt's tokens, text and logprobs (None at 0)."""
+    assert result.prompt_logprobs is not None, "echo asks for prompt logprobs"
+    logprobs: list[float | None] = [None, *(float(x) for x in result.prompt_logprobs[1:])]
+    topk = None
+    if c.topk is not None or result.topk_prompt_logprobs is not None:
+        rows = (_rows(result.topk_prompt_logprobs, len(prompt))
+                if result.topk_prompt_logprobs is not None else [[] for _ in prompt])
+        topk = [None, *rows[1:], *(c.topk or [])]
+    return Choice(c.index, [*prompt, *c.tokens], [*text.text_deltas(prompt), *c.pieces],
+                  [*logprobs, *c.logprobs], topk, c.topk_k, c.finish_reason, c.num_sampled)
 
 
 def _choice(index: int, seq: SampledSequence, text: ModelText, eos: Sequence[int],
@@ -68,7 +90,7 @@ def _choice(index: int, seq: SampledSequence, text: ModelText, eos: Sequence[int
                   topk_k, "stop" if seq.stop_reason == "stop" else "length", len(tokens))
 
 
-def _rows(topk: TopkLogprobs, shown: int) -> list[list[tuple[int, float]]]:
+def _rows(topk: TopkLogprobs, shown: int) -> list[list[tuple[int, float]] | None]:
     """The flat ``[length, k]`` alternatives as rows, sentinel slots dropped."""
     k = topk.k
     return [[(int(t), float(lp)) for t, lp in zip(topk.token_ids[i * k:(i + 1) * k],
@@ -142,10 +164,12 @@ def chunks(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText
 
 def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int]
               ) -> dict[str, Any]:
-    alternatives = [[] if c.topk is None else c.topk[i][:c.topk_k] for i in positions]
+    alternatives = [None if c.topk is not None and c.topk[i] is None
+                    else [] if c.topk is None else (c.topk[i] or [])[:c.topk_k]
+                    for i in positions]
     if kind == "chat":
         content = [{**_entry(text, c.tokens[i], c.logprobs[i]),
-                    "top_logprobs": [_entry(text, t, lp) for t, lp in alts]}
+                    "top_logprobs": [_entry(text, t, lp) for t, lp in alts or []]}
                    for i, alts in zip(positions, alternatives, strict=True)]
         return {"content": content, "refusal": None}
     offsets, at = [], sum(len(p) for p in c.pieces[:positions[0]]) if positions else 0
@@ -154,11 +178,11 @@ def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int]
         at += len(c.pieces[i])
     return {"tokens": [text.token_text(c.tokens[i]) for i in positions],
             "token_logprobs": [c.logprobs[i] for i in positions],
-            "top_logprobs": ([{text.token_text(t): lp for t, lp in alts} for alts in alternatives]
-                             if c.topk_k else None),
+            "top_logprobs": ([None if alts is None else {text.token_text(t): lp for t, lp in alts}
+                              for alts in alternatives] if c.topk_k else None),
             "text_offset": offsets}
 
 
-def _entry(text: ModelText, token: int, logprob: float) -> dict[str, Any]:
+def _entry(text: ModelText, token: int, logprob: float | None) -> dict[str, Any]:
     piece = text.token_text(token)
     return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}

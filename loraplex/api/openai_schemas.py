@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible routes (``/v1/completions``, ``/v1/chat/completions``),
 named and shaped as OpenAI's API reference names them.
 
-Fields the server cannot honour (``echo``, penalties, ``logit_bias``, ``best_of``, tools) are
+Fields the server cannot honour (penalties, ``logit_bias``, ``best_of``, tools) are
 rejected with a 400 naming the field rather than silently ignored; unknown extra fields are
 ignored, as OpenAI-compatible servers do. Knows nothing of tokenizers or the scheduler.
 """
@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loraplex.domain.sampling import StopCondition
 from loraplex.errors import user_error
 
 MAX_TOP_LOGPROBS = 20
@@ -19,9 +20,6 @@ MAX_TOP_LOGPROBS = 20
 
 MAX_N = 128
 """Most choices per prompt (the sampler's ``num_samples`` bound)."""
-
-MAX_STOP = 4
-"""Most stop strings, as OpenAI allows."""
 
 MAX_PROMPTS = 64
 """Most prompts in one ``/v1/completions`` request (each is one sample request)."""
@@ -55,12 +53,12 @@ class _SamplingFields(BaseModel):
     """vLLM's extension: each choice also carries its ``token_ids``."""
 
     def stop_strings(self) -> list[str] | None:
-        """None: stop at EOS only; otherwise these strings, then EOS."""
+        """None: stop at EOS only; otherwise these strings, then EOS. Any number of them, as
+        vLLM takes (OpenAI's cap of 4 is not kept), bounded in bytes like the Tinker route's."""
         if self.stop is None:
             return None
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        if len(stops) > MAX_STOP or not all(stops):
-            raise user_error("stop", f"at most {MAX_STOP} non-empty strings")
+        StopCondition(strings=tuple(stops)).validate("stop")
         return stops or None
 
     def check_supported(self) -> None:
@@ -91,8 +89,6 @@ class CompletionRequest(_SamplingFields):
         if isinstance(self.prompt, list) and self.prompt and \
                 not isinstance(self.prompt[0], int) and len(self.prompt) > MAX_PROMPTS:
             raise user_error("prompt", f"at most {MAX_PROMPTS} prompts per request")
-        if self.echo:
-            raise user_error("echo", "not supported by this server")
         if self.best_of not in (None, self.n):
             raise user_error("best_of", "not supported by this server (leave it out)")
         if self.suffix:
@@ -151,3 +147,25 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
+
+MAX_TOKENIZE_CHARS = 4_000_000
+"""Most characters ``/tokenize`` takes (about a 1M-token context)."""
+
+
+class TokenizeRequest(BaseModel):
+    """``prompt`` (text) or ``messages`` (rendered with the chat template first)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = Field(default=None, max_length=MAX_TOKENIZE_CHARS)
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
+

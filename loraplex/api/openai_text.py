@@ -49,8 +49,36 @@ class ModelText:
         model has one), as transformers' ``tokenizer(text)`` does."""
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
-    def decode(self, tokens: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(tokens), skip_special_tokens=True))
+    def encode_as(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``/tokenize``: the text's tokens, the tokenizer's special tokens added or not."""
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens))
+
+    def chat_text(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
+        """The chat template rendered (what `chat_prompt` encodes)."""
+        if self._template is None:
+            raise user_error("messages", "the model's tokenizer has no chat template")
+        try:
+            return str(self._template.render(**{**(template_kwargs or {}),
+                                                **self._special_tokens(), "messages": messages,
+                                                "add_generation_prompt": add_generation_prompt}))
+        except UserError:
+            raise
+        except Exception as exc:  # a template error is the messages' fault (raise_exception)
+            raise user_error("messages", f"the chat template rejects them: {exc}") from None
+
+    def info(self) -> dict[str, Any]:
+        """``/tokenizer_info``: the tokenizer config's fields (special tokens as strings, the
+        chat template), as vLLM serves them."""
+        out: dict[str, Any] = {k: v for k, v in self._config.items()
+                               if isinstance(v, (str, int, float, bool))}
+        out.update(self._special_tokens())
+        template = self._config.get("chat_template")
+        out["chat_template"] = template if isinstance(template, str) else None
+        return out
 
     def token_text(self, token: int) -> str:
         """One token's text (special tokens kept), for logprob entries."""
@@ -68,14 +96,7 @@ class ModelText:
         if self._template is None:
             raise user_error("model", "the model's tokenizer has no chat template; use "
                              "/v1/completions")
-        try:
-            text = self._template.render(**{**(template_kwargs or {}), **self._special_tokens(),
-                                            "messages": messages,
-                                            "add_generation_prompt": True})
-        except UserError:
-            raise
-        except Exception as exc:  # a template error is the messages' fault (raise_exception)
-            raise user_error("messages", f"the chat template rejects them: {exc}") from None
+        text = self.chat_text(messages, True, template_kwargs)
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _special_tokens(self) -> dict[str, str]:

@@ -51,6 +51,8 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "POST /api/v1/retrieve_futures": schemas.FuturesRetrieveRequest,
     "POST /api/v1/join_sampling_session": schemas.JoinSamplingSessionRequest,
     "POST /v1/completions": openai_schemas.CompletionRequest,
+    "POST /tokenize": openai_schemas.TokenizeRequest,
+    "POST /detokenize": openai_schemas.DetokenizeRequest,
     "POST /v1/chat/completions": openai_schemas.ChatCompletionRequest,
 }
 """``METHOD /path`` → the model its route validates the JSON body with (the route's own

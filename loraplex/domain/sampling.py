@@ -11,6 +11,9 @@ from loraplex.errors import user_error
 
 StopReason = Literal["stop", "length"]
 MAX_INT32 = 2**31 - 1
+MAX_STOP_BYTES = 4096
+"""Most UTF-8 bytes of all stop strings of a request together (no bound on their count, as
+vLLM has none: lm-eval sends every ``until`` string plus EOS)."""
 """Bound of ``max_tokens`` and ``top_k`` (the engine keeps them in integer tensors)."""
 
 
@@ -27,6 +30,16 @@ class StopCondition:
     strings: tuple[str, ...] = ()
     token_ids: tuple[int, ...] = ()
     use_eos: bool = True
+
+    def validate(self, field: str) -> StopCondition:
+        """Non-empty strings of at most `MAX_STOP_BYTES` together; the same rule for the
+        Tinker route and ``/v1``."""
+        if any(s == "" for s in self.strings):
+            raise user_error(field, "stop strings must not be empty")
+        size = sum(len(s.encode("utf-8", "surrogatepass")) for s in self.strings)
+        if size > MAX_STOP_BYTES:
+            raise user_error(field, f"stop strings total {size} bytes; at most {MAX_STOP_BYTES}")
+        return self
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ class SamplingParams:
         if not isinstance(self.top_k, int) or not -1 <= self.top_k <= MAX_INT32:
             raise user_error(f"{field}.top_k", f"must be -1 (off) or in [0, 2^31), got "
                              f"{self.top_k!r}")
+        self.stop.validate(f"{field}.stop")
         return self
 
 

@@ -3,17 +3,13 @@
 Writes ``adapter_config.json`` (``peft_type`` LORA, ``r``, ``lora_alpha``, ``target_modules``,
 ``base_model_name_or_path``, ...) and ``adapter_model.safetensors`` with fp32 tensors named
 ``base_model.model.model.layers.N.<self_attn|mlp>.<proj>.lora_A.weight`` (r, in) and
-``...lora_B.weight`` (out, r); the output head's LoRA is named
-``base_model.model.model.unembed_tokens.lora_{A,B}.weight`` as the Tinker cookbook's
-``weights`` tools expect (they map it to ``lm_head``, or to ``model.embed_tokens`` when the
-embeddings are tied).
-
-``peft.PeftModel.from_pretrained(base, dir)`` loads the block LoRAs as they are. PEFT itself
-knows no ``unembed_tokens`` module: ``target_modules`` lists ``lm_head`` for it, and
-``from_pretrained(..., key_mapping=PEFT_KEY_MAPPING)`` loads the head LoRA onto ``lm_head``
-(tied or untied: our head LoRA adapts the output projection only, exactly what PEFT's
-``lm_head`` LoRA does). Without the mapping PEFT leaves its ``lm_head`` LoRA at B = 0, i.e. the
-export minus its head delta.
+``...lora_B.weight`` (out, r); the output head's LoRA is named as PEFT names an ``lm_head``
+LoRA, ``base_model.model.lm_head.lora_{A,B}.weight``, so a plain
+``peft.PeftModel.from_pretrained(base, dir)`` loads every tensor, head included, with no
+missing keys (tied or untied: our head LoRA adapts the output projection only, exactly what
+PEFT's ``lm_head`` LoRA does). Tinker's own downloads call the head ``model.unembed_tokens``;
+the cookbook's ``weights`` tools take either name (they map ``unembed_tokens`` to ``lm_head``),
+and `PEFT_KEY_MAPPING` still loads a Tinker-named file with PEFT.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from typing import Any
 from loraplex.engine.checkpoint_io import write_json, write_safetensors
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.experts import EXPERT_TARGETS
-from loraplex.engine.lora.targets import UNEMBED, module_path
+from loraplex.engine.lora.targets import PEFT_PREFIX, UNEMBED, UNEMBED_MODULE_PATH, module_path
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -32,6 +28,8 @@ PEFT_WEIGHTS = "adapter_model.safetensors"
 #: (PEFT applies it after stripping ``base_model.model.``).
 PEFT_KEY_MAPPING = {r"^model\.unembed_tokens\.": "lm_head."}
 HF_HEAD_MODULE = "lm_head"
+TINKER_HEAD = f"{PEFT_PREFIX}{UNEMBED_MODULE_PATH}."
+PEFT_HEAD = f"{PEFT_PREFIX}{HF_HEAD_MODULE}."
 
 
 def target_module_name(target: str) -> str:
@@ -70,5 +68,11 @@ def write_peft_adapter(directory: str, adapter: LoraAdapter, base_model_name_or_
     """Write the two PEFT files of ``adapter`` into an existing ``directory`` (fsynced)."""
     write_json(os.path.join(directory, PEFT_CONFIG),
                peft_adapter_config(adapter, base_model_name_or_path))
-    write_safetensors(os.path.join(directory, PEFT_WEIGHTS), adapter.peft_state_dict(),
-                      metadata={"format": "pt"})
+    write_safetensors(os.path.join(directory, PEFT_WEIGHTS),
+                      peft_named(adapter.peft_state_dict()), metadata={"format": "pt"})
+
+
+def peft_named(state: dict[str, Any]) -> dict[str, Any]:
+    """Tinker-named tensors with the head renamed to PEFT's ``lm_head``."""
+    return {PEFT_HEAD + k[len(TINKER_HEAD):] if k.startswith(TINKER_HEAD) else k: v
+            for k, v in state.items()}

@@ -161,8 +161,8 @@ def test_tenancy_errors_and_metering(server: Server, service_client: Make,
         theirs.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=3.0)
     assert bad.value.param == "temperature"
     with pytest.raises(openai.BadRequestError) as unsupported:
-        theirs.completions.create(model=MODEL, prompt="hi", max_tokens=2, echo=True)
-    assert unsupported.value.param == "echo"
+        theirs.completions.create(model=MODEL, prompt="hi", max_tokens=2, best_of=3)
+    assert unsupported.value.param == "best_of"
     with pytest.raises(openai.AuthenticationError):
         client(server, "not-a-tml-key").models.list()
     out = client(server, owner).completions.create(model=path, prompt="hi", max_tokens=3,
@@ -170,3 +170,62 @@ def test_tenancy_errors_and_metering(server: Server, service_client: Make,
     run = next(r for r in usage(server, owner)["runs"] if r["run_id"] == tc.model_id)
     assert run["tokens"]["num_sequences"] == 2
     assert run["tokens"]["sampled_tokens"] == out.usage.completion_tokens
+
+
+def test_echo_shows_the_prompt_with_compute_logprobs_bits(server: Server, service_client: Make,
+                                                           new_key: Callable[[], str]) -> None:
+    """lm-eval's loglikelihood request (token-id prompts, a batch of them, ``echo`` +
+    ``logprobs: 1`` + ``max_tokens: 1``) and ``max_tokens: 0``: the prompt's logprobs are the
+    bits `compute_logprobs` returns, null at position 0, offsets run across prompt and
+    completion."""
+    key = new_key()
+    tok = hf_tokenizer(server)
+    prompts = [tok("The cat sat on the mat").input_ids, tok("def add(a, b): return").input_ids]
+    oai = client(server, key)
+    out = oai.completions.create(model=MODEL, prompt=prompts, max_tokens=1, temperature=0.0,
+                                 logprobs=1, echo=True, seed=3)
+    sampler = service_client(key).create_sampling_client(base_model=MODEL).result()
+    for choice, tokens in zip(out.choices, prompts, strict=True):
+        expected = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+        logprobs = choice.logprobs
+        assert logprobs.token_logprobs[: len(tokens)] == expected, "bitwise"
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        assert len(logprobs.tokens) == len(tokens) + 1  # the prompt, then one sampled token
+        assert all(len(alts) == 1 for alts in logprobs.top_logprobs[1:])
+        top = logprobs.top_logprobs[len(tokens)]
+        assert max(top.values()) == logprobs.token_logprobs[len(tokens)], "greedy: its own top"
+        assert choice.text.startswith(tok.decode(tokens))
+        pieces = [choice.text[a:b] for a, b in zip(logprobs.text_offset,
+                                                    [*logprobs.text_offset[1:], len(choice.text)],
+                                                    strict=True)]
+        assert "".join(pieces) == choice.text and logprobs.text_offset[0] == 0
+    only = oai.completions.create(model=MODEL, prompt="Hello there", max_tokens=0, echo=True,
+                                  logprobs=0)
+    assert only.choices[0].text == "Hello there"
+    assert only.usage.completion_tokens == 0
+    assert len(only.choices[0].logprobs.token_logprobs) == len(tok("Hello there").input_ids)
+
+
+def test_more_than_four_stop_strings_are_taken(server: Server, new_key: Callable[[], str]
+                                               ) -> None:
+    """lm-eval sends every ``until`` string plus EOS; vLLM takes any number (bytes bound)."""
+    oai = client(server, new_key())
+    stops = ["\n\n", "Question:", "</s>", "<|im_end|>", "Q:", "\nclass"]
+    out = oai.completions.create(model=MODEL, prompt="def f(x):", max_tokens=8, stop=stops,
+                                 temperature=0.0)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert not any(s in out.choices[0].text for s in stops)
+    with pytest.raises(openai.BadRequestError) as too_big:
+        oai.completions.create(model=MODEL, prompt="hi", max_tokens=2, stop=["x" * 5000])
+    assert too_big.value.param == "stop"
+
+
+def test_a_wrong_method_is_a_client_error_and_models_have_a_created_time(
+        server: Server, new_key: Callable[[], str]) -> None:
+    key = new_key()
+    wrong = httpx.get(f"{server.url}/v1/completions", headers={"X-API-Key": key},
+                      trust_env=False, timeout=30)
+    assert wrong.status_code == 405
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    models = client(server, key).models.list().data
+    assert all(m.created > 1_700_000_000 for m in models if m.id == MODEL)

@@ -4,9 +4,10 @@
 of the caller's sampling sessions (``{session}:sample:{n}``), or a served base model. Text is
 tokenized with the served model's tokenizer (chat: its chat template); each prompt then goes
 through `sampling.submit_sample`, the path Tinker's ``asample`` takes, so the same seed and
-parameters give the same tokens and logprobs, metered as samples. ``stream`` answers
-server-sent events ending in ``data: [DONE]``; the engine returns a completion whole, so the
-events of a completion are sent once it is sampled, one per token.
+parameters give the same tokens and logprobs, metered as samples. ``echo`` asks the same
+sample for its prompt logprobs (the bits `compute_logprobs` returns) and shows the prompt
+first. ``stream`` answers server-sent events ending in ``data: [DONE]``; the engine returns a
+completion whole, so the events of a completion are sent once it is sampled, one per token.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ async def completions(request: Request, tenant: Tenant) -> Response:
     target = resolve(request, ctx, tenant, body.model)
     prompts = _completion_prompts(body.prompt, target.text)
     return await _respond(request, ctx, tenant, "completion", body, target, prompts,
-                          body.max_tokens, body.logprobs)
+                          body.max_tokens, body.logprobs, echo=body.echo)
 
 
 @router.post("/chat/completions")
@@ -116,8 +117,8 @@ def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
 
 async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind,
                    body: OpenAIRequest, target: Target,
-                   prompts: list[list[int]], max_tokens: int | None, topk: int | None
-                   ) -> Response:
+                   prompts: list[list[int]], max_tokens: int | None, topk: int | None,
+                   echo: bool = False) -> Response:
     stops = body.stop_strings()
     params = sdk.SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stops)
@@ -126,11 +127,11 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not tokens:
             raise user_error(field, "empty prompt")
-        sample = sample_request(tokens, body.n, params, topk or 0)
+        sample = sample_request(tokens, body.n, params, topk or 0, echo)
         request_ids.append(submit_sample(ctx, tenant, sample, target.sampler).request_id)
     results = [await _result(ctx, tenant, rid) for rid in request_ids]
     made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,
-                                 stops, topk)
+                                 stops, topk, prompts if echo else None)
     counts = openai_render.usage([len(p) for p in prompts], body.n, made)
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),

@@ -35,7 +35,8 @@ async def retrieve_model(model: str, request: Request, tenant: Tenant) -> dict[s
 
 
 def _models(ctx: ServerContext, tenant: str) -> list[dict[str, Any]]:
-    out = [{"id": m.name, "object": "model", "created": 0, "owned_by": "loraplex"}
+    out = [{"id": m.name, "object": "model", "created": int(ctx.started_at),
+            "owned_by": "loraplex"}
            for m in ctx.catalog]
     offset = 0
     while True:

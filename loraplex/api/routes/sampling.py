@@ -83,11 +83,14 @@ async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
 
 
 def sample_request(tokens: list[int], num_samples: int, params: sdk.SamplingParams,
-                   topk_sample_logprobs: int) -> schemas.SampleRequest:
-    """The ``asample`` body that asks for what the OpenAI-compatible routes ask for."""
+                   topk_sample_logprobs: int, echo: bool = False) -> schemas.SampleRequest:
+    """The ``asample`` body that asks for what the OpenAI-compatible routes ask for (with
+    ``echo``: the prompt's logprobs too, and its top-k when sampled tokens have them)."""
     return schemas.SampleRequest(num_samples=num_samples, prompt=sdk.ModelInput.from_ints(tokens),
                                  sampling_params=params,
-                                 topk_sample_logprobs=topk_sample_logprobs)
+                                 topk_sample_logprobs=topk_sample_logprobs,
+                                 prompt_logprobs=echo or None,
+                                 topk_prompt_logprobs=topk_sample_logprobs if echo else 0)
 
 
 def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,

@@ -18,7 +18,7 @@ import torch
 
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.stage_slices import stage_rows
-from loraplex.engine.lora.targets import peft_key, target_shape, targets_of
+from loraplex.engine.lora.targets import PEFT_PREFIX, UNEMBED, peft_key, target_shape, targets_of
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.errors import user_error
 
@@ -166,6 +166,9 @@ class LoraAdapter:
                 for i in range(w.a_L_Rk_I.shape[0]):
                     for which, dst in (("A", w.a_L_Rk_I[i]), ("B", w.b_L_O_Rk[i])):
                         key = peft_key(target, w.model_layer(i), which)
+                        peft_head = f"{PEFT_PREFIX}lm_head.lora_{which}.weight"
+                        if key not in state and target == UNEMBED and peft_head in state:
+                            key = peft_head  # PEFT's name for the head
                         if key not in state:
                             raise user_error("adapter_weights", f"missing {key}")
                         src = state[key]

@@ -182,3 +182,16 @@ def test_snapshot_is_frozen_against_later_training() -> None:
             p.add_(1.0)
     assert all(torch.equal(p, q) for p, q in zip(snap.parameters(), before, strict=True))
     assert not any(p.requires_grad for p in snap.parameters())
+
+
+def test_a_peft_named_head_loads_too() -> None:
+    """Our PEFT export names the head ``lm_head``, as PEFT does; loading takes either name."""
+    bank = AdapterBank(SPEC, "cpu", max_rank=8)
+    adapter = bank.create("a", LoraConfig(rank=4, seed=1))
+    randomize(adapter, 1)
+    state = {k.replace("base_model.model.model.unembed_tokens.", "base_model.model.lm_head."): v
+             for k, v in adapter.peft_state_dict().items()}
+    other = bank.create("b", LoraConfig(rank=4, seed=2))
+    other.load_peft_state_dict(state)
+    assert all(torch.equal(p, q) for p, q in zip(adapter.parameters(), other.parameters(),
+                                                 strict=True))
