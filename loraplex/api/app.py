@@ -26,6 +26,7 @@ from loraplex.api.routes import (
     cycles,
     dashboard,
     downloads,
+    evals,
     futures,
     metrics,
     models,
@@ -50,7 +51,7 @@ from loraplex.api.routes import (
 ROUTERS = (client, sessions, models, training, weights, sampling, futures, runs, downloads,
            stats, metrics, usage, openapi, run_metrics, tenant_view, operator_view, cycles,
            trace, dashboard, openai_models, openai_completions, openai_tokenizer, custom_losses,
-           session_futures)
+           session_futures, evals)
 
 
 def create_app(ctx: ServerContext) -> FastAPI:

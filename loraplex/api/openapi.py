@@ -52,6 +52,7 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "POST /api/v1/join_sampling_session": schemas.JoinSamplingSessionRequest,
     "POST /v1/completions": openai_schemas.CompletionRequest,
     "POST /tokenize": openai_schemas.TokenizeRequest,
+    "POST /api/v1/loraplex/evals": schemas.PutEvalScoresRequest,
     "POST /detokenize": openai_schemas.DetokenizeRequest,
     "POST /v1/chat/completions": openai_schemas.ChatCompletionRequest,
 }

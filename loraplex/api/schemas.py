@@ -112,3 +112,20 @@ class FuturesRetrieveRequest(sdk.FuturesRetrieveRequest):
 
 class JoinSamplingSessionRequest(sdk.JoinSamplingSessionRequest):
     model_config = LENIENT
+
+
+class EvalScoreBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    task: str
+    metric: str
+    value: float
+    stderr: float | None = None
+    num_samples: int | None = None
+
+
+class PutEvalScoresRequest(BaseModel):
+    """``POST /api/v1/loraplex/evals`` (loraplex's own; `loraplex eval` sends it)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    path: str
+    scores: list[EvalScoreBody] = pydantic.Field(min_length=1, max_length=1000)

@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "loraplex.cli.keys_cmd",
     "loraplex.cli.demo_cmd",
     "loraplex.cli.usage_cmd",
+    "loraplex.cli.eval_cmd",
 )
 
 

@@ -24,6 +24,7 @@ from loraplex.errors import StorageError
 from loraplex.store import (
     checkpoints,
     custom_losses,
+    eval_scores,
     futures,
     keys,
     run_metrics,
@@ -41,7 +42,7 @@ from loraplex.store.disk import storage_error
 DATABASE_FILE = "loraplex.sqlite3"
 SCHEMAS = (keys.SCHEMA, sessions.SCHEMA, runs.SCHEMA, checkpoints.SCHEMA, samplers.SCHEMA,
            sequences.SCHEMA, futures.SCHEMA, served_models.SCHEMA, usage.SCHEMA,
-           run_metrics.SCHEMA, custom_losses.SCHEMA)
+           run_metrics.SCHEMA, custom_losses.SCHEMA, eval_scores.SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Stores:
     run_metrics: run_metrics.RunMetricsStore
     archive_dir: str
     custom_losses: custom_losses.CustomLossStore
+    eval_scores: eval_scores.EvalScoreStore
     secret: bytes
 
     def close(self) -> None:
@@ -105,6 +107,7 @@ def _open(data_dir: str) -> Stores:
             run_metrics=run_metrics.RunMetricsStore(db),
             archive_dir=os.path.join(data_dir, "archives"),
             custom_losses=custom_losses.CustomLossStore(db),
+            eval_scores=eval_scores.EvalScoreStore(db),
             secret=_load_or_create_secret(os.path.join(data_dir, "server_secret")),
         )
     except BaseException:

@@ -19,6 +19,7 @@ from loraplex.api import convert
 from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.routes.downloads import archive_link
+from loraplex.api.routes.evals import score_json
 from loraplex.errors import UserError
 from loraplex.store.checkpoints import CheckpointRecord
 from loraplex.store.runs import TrainingRunRecord
@@ -36,10 +37,13 @@ async def tenant_view(request: Request, caller: Caller, limit: int = 100) -> dic
     checkpoints, num_checkpoints = ctx.stores.checkpoints.list_for_tenant(tenant, limit, 0)
     samplers, num_samplers = ctx.stores.samplers.page(tenant, limit, 0)
     now = time.time()
+    evals = ctx.stores.eval_scores.list_for([str(c.path) for c in checkpoints])
     return {
         "tenant": tenant, "is_operator": caller.is_operator, "now": now,
         "runs": [run_row(ctx, r) for r in runs], "num_runs": num_runs,
-        "checkpoints": [checkpoint_row(ctx, request, c, tenant, now) for c in checkpoints],
+        "checkpoints": [{**checkpoint_row(ctx, request, c, tenant, now),
+                         "evals": [score_json(e) for e in evals[str(c.path)]]}
+                        for c in checkpoints],
         "num_checkpoints": num_checkpoints,
         "sampling_sessions": [sampler_row(s) for s in samplers],
         "num_sampling_sessions": num_samplers,

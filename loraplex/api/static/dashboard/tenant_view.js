@@ -92,6 +92,7 @@ export class TenantView {
       el("td", {}, ago(c.created_at, view.now)),
       el("td", {}, c.ttl_left_s == null ? "kept" : seconds(c.ttl_left_s)),
       el("td", {}, c.public ? el("span", { class: "pill public" }, "published") : "private"),
+      el("td", { class: "evals" }, evalText(c.evals || [])),
       el("td", {}, el("a", { href: c.download_url, download: `${c.name}.tar`,
         title: "signed link, valid for an hour" }, "download"))));
     fillRows(this.root.querySelector("#checkpoints-table"), rows, "no checkpoints yet");
@@ -199,4 +200,10 @@ function seriesOf(s, key, label, color, dashed) {
   const out = { label, x: s.step, y: s.metrics[key], color, dashed };
   if (s.bucket > 1 && s.min && s.max) { out.lo = s.min[key]; out.hi = s.max[key]; }
   return out;
+}
+
+// `loraplex eval` scores of a checkpoint: "task metric value", the newest run of each task.
+function evalText(evals) {
+  if (!evals.length) return "–";
+  return evals.map((e) => `${e.task} ${e.metric} ${Number(e.value).toFixed(4)}`).join(" · ");
 }
