@@ -68,14 +68,17 @@ class JwtIssuer:
         parts = token.split(".")
         if len(parts) != 3:
             raise _invalid("not a JWT")
-        try:
+        try:  # the signature first: nothing of an unsigned token is parsed
             signature = _unb64(parts[2])
-            header: Any = json.loads(_unb64(parts[0]))
-            claims: Any = json.loads(_unb64(parts[1]))
         except ValueError:
             raise _invalid("not a JWT") from None
         if not hmac.compare_digest(signature, self._sign(f"{parts[0]}.{parts[1]}")):
             raise _invalid("bad signature")
+        try:
+            header: Any = json.loads(_unb64(parts[0]))
+            claims: Any = json.loads(_unb64(parts[1]))
+        except (ValueError, RecursionError):
+            raise _invalid("not a JWT") from None
         if header != _HEADER or not isinstance(claims, dict) or claims.get("iss") != ISSUER:
             raise _invalid("not issued by this server")
         exp, tenant = claims.get("exp"), claims.get("sub")

@@ -20,6 +20,13 @@ from typing import Any
 from loraplex.errors import UserError, user_error
 from loraplex.scheduler.catalog import ServedModel
 
+CHARS_PER_TOKEN_BOUND = 32
+"""A prompt of more than ``max_context × 32`` characters cannot fit the context (tokens of
+more than 32 characters are rare, and such text is refused without being encoded)."""
+MAX_REQUEST_CHARS = 4_000_000
+"""Most characters of text one request may make the server encode or render (all prompts or
+messages together): about a million tokens."""
+
 HOLD = "\ufffd"
 """What a byte-level decoder yields for an incomplete UTF-8 sequence: held back until the next
 token completes it."""
@@ -167,3 +174,22 @@ class ModelTexts:
             if text is None:
                 text = self._by_dir[directory] = ModelText(directory)
             return text
+
+
+def check_text_budget(texts: Sequence[str], max_context: int, field: str) -> None:
+    """Refuse, before any encoding, text that cannot fit the context (per item) or that is more
+    than a request may make the server tokenize (`MAX_REQUEST_CHARS` together).
+
+    Raises:
+        UserError: naming ``field`` (``field[i]`` for the item over the bound).
+    """
+    bound = max_context * CHARS_PER_TOKEN_BOUND
+    for i, text in enumerate(texts):
+        if len(text) > bound:
+            where = field if len(texts) == 1 else f"{field}[{i}]"
+            raise user_error(where, f"{len(text)} characters cannot fit the context of "
+                             f"{max_context} tokens")
+    total = sum(len(t) for t in texts)
+    if total > MAX_REQUEST_CHARS:
+        raise user_error(field, f"{total} characters in one request; at most "
+                         f"{MAX_REQUEST_CHARS}")

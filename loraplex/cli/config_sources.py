@@ -25,9 +25,11 @@ from loraplex.config import ENV_PREFIX, LoraplexConfig, loraplex_environment
 from loraplex.errors import UserError, user_error
 
 DEFAULT_SOURCE = "default"
-ENV_EXEMPT_PREFIXES = ("LORAPLEX_TEST_",)
+ENV_EXEMPT_PREFIXES = ("LORAPLEX_TEST_", "LORAPLEX_KERNEL_CACHE")
 """Not configuration: the test harness's own knobs (``LORAPLEX_TEST_EXECUTOR``,
-``LORAPLEX_TEST_THREADS``, read by ``tests/*/conftest.py``), set while tests start servers."""
+``LORAPLEX_TEST_THREADS``, read by ``tests/*/conftest.py``), set while tests start servers, and
+the native kernels' build cache (``LORAPLEX_KERNEL_CACHE``, read by
+`engine.kernels.native_library` in every process that builds them)."""
 
 
 @dataclass(frozen=True)

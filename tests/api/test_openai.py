@@ -229,3 +229,39 @@ def test_a_wrong_method_is_a_client_error_and_models_have_a_created_time(
     assert wrong.json()["error"]["type"] == "invalid_request_error"
     models = client(server, key).models.list().data
     assert all(m.created > 1_700_000_000 for m in models if m.id == MODEL)
+
+
+def test_text_that_cannot_fit_is_refused_before_it_is_encoded(
+        server: Server, new_key: Callable[[], str]) -> None:
+    """A prompt of more characters than 32 per token of context is a 400 from a length check,
+    never tokenized (a 48 MiB prompt used to hold the event loop for a minute); the same for
+    chat messages and ``/tokenize``."""
+    oai = client(server, new_key())
+    context = server.ctx.catalog.get(MODEL).info.max_context
+    huge = "a" * (context * 32 + 1)
+    with pytest.raises(openai.BadRequestError, match="cannot fit the context") as text:
+        oai.completions.create(model=MODEL, prompt=huge, max_tokens=1)
+    assert text.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError, match="cannot fit the context") as two:
+        oai.completions.create(model=MODEL, prompt=["hi", huge], max_tokens=1)
+    assert two.value.param == "prompt[1]"
+    with pytest.raises(openai.BadRequestError, match="cannot fit the context") as chat:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": huge}],
+                                    max_tokens=1)
+    assert chat.value.param == "messages"
+    tokenize = httpx.post(f"{server.url}/tokenize", json={"prompt": huge}, trust_env=False,
+                          headers={"X-API-Key": new_key()}, timeout=60)
+    assert tokenize.status_code == 400 and "cannot fit" in tokenize.text
+
+
+def test_a_bad_prompt_of_several_queues_none_of_them(server: Server,
+                                                    new_key: Callable[[], str]) -> None:
+    """Prompt 1 of 2 is out of the vocabulary: a 400 naming it, and prompt 0 (a long sample)
+    was never queued, so nothing is left running with nobody to collect it."""
+    vocab = server.ctx.catalog.get(MODEL).info.vocab_size
+    before = server.ctx.futures.num_pending()
+    with pytest.raises(openai.BadRequestError) as bad:
+        client(server, new_key()).completions.create(
+            model=MODEL, prompt=[[1, 2, 3], [1, vocab]], max_tokens=400, temperature=1.0)
+    assert bad.value.param == "prompt[1][1]"
+    assert server.ctx.futures.num_pending() == before

@@ -181,3 +181,11 @@ def test_the_readme_example_loads(tmp_path: Path) -> None:
     config = load_config(_file(tmp_path, example), environ={}).config
     assert config.scheduler.sample_share == 0.3
     assert config.server.metering.price_sheet == "tinker-2026-01-05"
+
+
+def test_the_documented_kernel_cache_variable_is_not_refused_as_config() -> None:
+    """README and `native_library` document ``LORAPLEX_KERNEL_CACHE``; the loader used to
+    refuse it as an unknown ``LORAPLEX_*`` variable, so ``loraplex serve`` exited with 2."""
+    loaded = load_config(environ={"LORAPLEX_KERNEL_CACHE": "/tmp/kernels",
+                                  "LORAPLEX_ENGINE_KV_CACHE_BLOCKS": "64"})
+    assert loaded.config.engine.kv_cache_blocks == 64

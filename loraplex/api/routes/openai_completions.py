@@ -12,6 +12,7 @@ completion whole, so the events of a completion are sent once it is sampled, one
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -27,16 +28,18 @@ from loraplex.api import openai_render, openai_schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext
+from loraplex.api.convert import check_tokens
 from loraplex.api.longpoll import wait_until_done
 from loraplex.api.openai_render import Kind
 from loraplex.api.openai_schemas import OpenAIRequest
-from loraplex.api.openai_text import ModelText, ModelTexts
+from loraplex.api.openai_text import ModelText, ModelTexts, check_text_budget
 from loraplex.api.routes.sampling import (
+    admit_sample,
     base_sampler,
     path_sampler,
+    prepare_sample,
     sample_request,
     session_sampler,
-    submit_sample,
 )
 from loraplex.domain.ids import TINKER_SCHEME, TinkerPath
 from loraplex.domain.ops import Sampled
@@ -62,7 +65,10 @@ async def completions(request: Request, tenant: Tenant) -> Response:
     ctx, body = await parse_body(request, openai_schemas.CompletionRequest)
     body.check_supported()
     target = resolve(request, ctx, tenant, body.model)
-    prompts = _completion_prompts(body.prompt, target.text)
+    texts = [body.prompt] if isinstance(body.prompt, str) else \
+        [p for p in body.prompt if isinstance(p, str)]
+    check_text_budget(texts, target.served.info.max_context, "prompt")
+    prompts = await asyncio.to_thread(_completion_prompts, body.prompt, target.text)
     return await _respond(request, ctx, tenant, "completion", body, target, prompts,
                           body.max_tokens, body.logprobs, echo=body.echo)
 
@@ -74,7 +80,10 @@ async def chat_completions(request: Request, tenant: Tenant) -> Response:
     target = resolve(request, ctx, tenant, body.model)
     messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
                 for i, m in enumerate(body.messages)]
-    prompt = target.text.chat_prompt(messages, body.chat_template_kwargs)
+    check_text_budget(["".join(m["content"] for m in messages)],
+                      target.served.info.max_context, "messages")
+    prompt = await asyncio.to_thread(target.text.chat_prompt, messages,
+                                     body.chat_template_kwargs)
     topk = (body.top_logprobs or 0) if body.logprobs else None
     return await _respond(request, ctx, tenant, "chat", body, target, [prompt],
                           body.completion_budget, topk)
@@ -122,13 +131,16 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
     stops = body.stop_strings()
     params = sdk.SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stops)
-    request_ids = []
-    for i, tokens in enumerate(prompts):  # all queued first, so they can share a batch
+    prepared = []
+    for i, tokens in enumerate(prompts):  # every prompt checked before any is queued
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not tokens:
             raise user_error(field, "empty prompt")
+        check_tokens(tokens, target.served.info, field)
         sample = sample_request(tokens, body.n, params, topk or 0, echo)
-        request_ids.append(submit_sample(ctx, tenant, sample, target.sampler).request_id)
+        prepared.append(prepare_sample(ctx, tenant, sample, target.sampler))
+    # all queued before any is awaited, so they can share a batch
+    request_ids = [admit_sample(p).request_id for p in prepared]
     results = [await _result(ctx, tenant, rid) for rid in request_ids]
     made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,
                                  stops, topk, prompts if echo else None)

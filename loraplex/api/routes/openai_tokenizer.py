@@ -6,6 +6,7 @@ answers."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,7 +15,7 @@ from loraplex.api import openai_schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.api.openai_text import ModelText, ModelTexts
+from loraplex.api.openai_text import ModelText, ModelTexts, check_text_budget
 from loraplex.api.routes.openai_completions import resolve
 from loraplex.domain.tokens import check_token_range
 from loraplex.errors import user_error
@@ -28,13 +29,17 @@ async def tokenize(request: Request, tenant: Tenant) -> dict[str, Any]:
     text, served = _text(request, ctx, tenant, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise user_error("prompt", "give exactly one of prompt and messages")
+    max_context = served.info.max_context
     if body.messages is not None:
-        rendered = text.chat_text([{"role": m.role, "content": m.text(f"messages[{i}]")}
-                                   for i, m in enumerate(body.messages)],
-                                  body.add_generation_prompt)
-        tokens = text.encode_as(rendered, add_special_tokens=False)
+        messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
+                    for i, m in enumerate(body.messages)]
+        check_text_budget(["".join(m["content"] for m in messages)], max_context, "messages")
+        rendered = await asyncio.to_thread(text.chat_text, messages, body.add_generation_prompt)
+        tokens = await asyncio.to_thread(text.encode_as, rendered, False)
     else:
-        tokens = text.encode_as(body.prompt or "", body.add_special_tokens)
+        check_text_budget([body.prompt or ""], max_context, "prompt")
+        tokens = await asyncio.to_thread(text.encode_as, body.prompt or "",
+                                         body.add_special_tokens)
     strs = [text.token_text(t) for t in tokens] if body.return_token_strs else None
     return {"count": len(tokens), "max_model_len": served.info.max_context, "tokens": tokens,
             "token_strs": strs}
@@ -45,7 +50,10 @@ async def detokenize(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, openai_schemas.DetokenizeRequest)
     text, served = _text(request, ctx, tenant, body.model)
     check_token_range(body.tokens, served.info.vocab_size, "tokens")
-    return {"prompt": text.decode(body.tokens, skip_special_tokens=False)}
+    if len(body.tokens) > served.info.max_context:
+        raise user_error("tokens", f"{len(body.tokens)} tokens exceed the context of "
+                         f"{served.info.max_context}")
+    return {"prompt": await asyncio.to_thread(text.decode, body.tokens, False)}
 
 
 @router.get("/tokenizer_info")

@@ -4,7 +4,7 @@ asample, which answers the request id plus one ``sample_sequence_ids`` entry per
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -102,6 +102,26 @@ def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
         UserError: a bad field (nothing is queued); CapacityError: the tenant is over its
             sampling limits (HTTP 429).
     """
+    return admit_sample(prepare_sample(ctx, tenant, body, sampler))
+
+
+@dataclass(frozen=True)
+class PreparedSample:
+    """A validated sample request, not yet queued (`admit_sample` queues it)."""
+
+    served: ServedModel
+    item: WorkItem
+    sequence_ids: tuple[str, ...]
+
+
+def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
+                   sampler: SamplerRecord) -> PreparedSample:
+    """Everything `submit_sample` checks, without queueing: a request of several prompts
+    checks them all before it queues any.
+
+    Raises:
+        UserError: a bad field.
+    """
     served = ctx.catalog.get(sampler.base_model)
     request_id = new_request_id()
     work = _sample_work(body, served, sampler, request_id)
@@ -111,8 +131,13 @@ def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
     op = SampleOp(work, sequence_ids, source=sampler.source, model_id=sampler.model_id,
                   record_for_session=sampler.session_id if body.record_stability_info else None,
                   base_model=served.name, usage_run_id=_usage_run(sampler))
-    item = WorkItem(request_id, tenant, "Sample", op, sampler_key=key)
-    return served.lanes.submit(item, sequence_ids)
+    return PreparedSample(served, WorkItem(request_id, tenant, "Sample", op, sampler_key=key),
+                          sequence_ids)
+
+
+def admit_sample(prepared: PreparedSample) -> Admitted:
+    """Queue a prepared sample. Raises CapacityError over the tenant's sampling limits."""
+    return prepared.served.lanes.submit(prepared.item, prepared.sequence_ids)
 
 
 def _usage_run(sampler: SamplerRecord) -> str | None:
