@@ -1,8 +1,9 @@
 """`EngineWorker`: the code that runs inside one Ray actor — a torch `Engine` and the protocol
 methods the server calls on it.
 
-Errors cross the process boundary as values (`Raised`), so the server re-raises the domain
-error itself, never a Ray wrapper carrying the worker's traceback. A checkpoint read for an
+Errors cross the process boundary as values (`Raised`, from every protocol method), so the
+server re-raises the domain error itself, never a Ray wrapper carrying the worker's traceback
+(which it would log and report as a server bug). A checkpoint read for an
 install stays in the worker: `read_checkpoint` returns a `PreparedHandle` naming it, and
 `install_adapter` takes the handle back (the tensors never travel). The actor runs its IO calls
 (saves, reads) on threads beside its compute calls, as the protocol allows. In a
@@ -113,17 +114,18 @@ class EngineWorker:
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> Raised | None:
         return _value(lambda: self._engine.create_adapter(adapter_id, config))
 
-    def delete_adapter(self, adapter_id: str) -> None:
-        self._engine.delete_adapter(adapter_id)
+    def delete_adapter(self, adapter_id: str) -> Raised | None:
+        return _value(lambda: self._engine.delete_adapter(adapter_id))
 
-    def has_adapter(self, adapter_id: str) -> bool:
-        return self._engine.has_adapter(adapter_id)
+    def has_adapter(self, adapter_id: str) -> bool | Raised:
+        return _value(lambda: self._engine.has_adapter(adapter_id))
 
-    def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
-        return self._engine.forward_backward(works)
+    def forward_backward(self, works: Sequence[ForwardBackwardWork]
+                         ) -> list[FwdBwdOutcome] | Raised:
+        return _value(lambda: self._engine.forward_backward(works))
 
-    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
-        return self._engine.optim_step(works)
+    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome] | Raised:
+        return _value(lambda: self._engine.optim_step(works))
 
     def adapter_share(self, adapter_id: str, with_optimizer: bool) -> AdapterShare | Raised:
         return _value(lambda: self._engine.adapter_share(adapter_id, with_optimizer))
@@ -149,17 +151,17 @@ class EngineWorker:
         return _value(lambda: self._engine.snapshot_adapter(src_adapter_id, dst_adapter_id))
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
-        return self._engine.sample_step(admit, max_decode_steps)
+                    ) -> list[SampleOutcome] | Raised:
+        return _value(lambda: self._engine.sample_step(admit, max_decode_steps))
 
-    def num_running_samples(self) -> int:
-        return self._engine.num_running_samples()
+    def num_running_samples(self) -> int | Raised:
+        return _value(self._engine.num_running_samples)
 
-    def release_memory(self) -> None:
-        self._engine.release_memory()
+    def release_memory(self) -> Raised | None:
+        return _value(self._engine.release_memory)
 
-    def adapter_memory(self) -> AdapterMemory:
-        return self._engine.adapter_memory()
+    def adapter_memory(self) -> AdapterMemory | Raised:
+        return _value(self._engine.adapter_memory)
 
     def noop(self, payload: Any = None) -> Any:
         """Answers at once (the dispatch-overhead benchmark's call)."""
