@@ -243,14 +243,18 @@ class QuotaConfig:
             fails (delete checkpoints or let their TTL pass).
         max_unfetched_result_bytes: bytes of completed results (and errors) a tenant has not
             fetched yet; new submits get HTTP 429 until it fetches them or they expire.
+        max_custom_losses_per_session: uploaded losses one session may store (each is kept in
+            SQLite for the session's life); a create beyond it is refused (HTTP 403).
     """
 
     max_training_runs: int = 64
     max_checkpoint_bytes: int = 50 << 30
     max_unfetched_result_bytes: int = 1 << 30
+    max_custom_losses_per_session: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("max_training_runs", "max_checkpoint_bytes", "max_unfetched_result_bytes"):
+        for name in ("max_training_runs", "max_checkpoint_bytes", "max_unfetched_result_bytes",
+                     "max_custom_losses_per_session"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 

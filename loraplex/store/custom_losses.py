@@ -44,6 +44,15 @@ class CustomLossStore:
         assert row is not None, "inserted or already there"
         return _loss(row)
 
+    def count_for_session(self, session_id: str) -> int:
+        row = self._db.query_one("SELECT COUNT(*) AS n FROM custom_losses WHERE session_id = ?",
+                                 (session_id,))
+        return int(row["n"]) if row is not None else 0
+
+    def exists(self, loss_id: str) -> bool:
+        return self._db.query_one("SELECT 1 FROM custom_losses WHERE loss_id = ?",
+                                  (loss_id,)) is not None
+
     def get(self, loss_id: str, tenant: str, session_id: str,
             field: str = "loss_fn_config.loss_id") -> CustomLoss:
         """The loss, if ``tenant``'s session ``session_id`` made it; otherwise NotFoundError

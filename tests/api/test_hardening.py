@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -27,7 +28,7 @@ from tests.integration.serve_fake import fake_context, seed_builtin_tiny
 LIMITS = LimitsConfig(max_body_bytes=256 << 10, max_decompressed_bytes=1 << 20,
                       max_tensor_elements=1 << 16)
 QUOTAS = QuotaConfig(max_training_runs=3, max_checkpoint_bytes=20_000,
-                     max_unfetched_result_bytes=4_000)
+                     max_unfetched_result_bytes=4_000, max_custom_losses_per_session=2)
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +335,35 @@ def _http(conn: socket.socket, path: str, key: str) -> str:
     while len(body) < length:
         body += conn.recv(65536)
     return (head + b"\r\n\r\n" + body).decode()
+
+
+def test_stored_custom_losses_per_session_are_bounded(hard: Server,
+                                                      new_key: Callable[[], str]) -> None:
+    """Uploaded losses were unlimited per session (~14 GiB of SQLite an hour per tenant): the
+    third of a session is a 403 naming the quota; a retry of a stored one still answers."""
+
+    def scaled_nll(scale: float) -> Callable[..., Any]:
+        def nll(logprobs, weights):  # type: ignore[no-untyped-def]
+            loss = -(logprobs * weights).sum() * scale
+            return loss, {"custom/nll:sum": loss}
+        return nll
+
+    key, ranks = new_key(), {"logprobs": 1, "weights": 1}
+    client = tinker.ServiceClient(base_url=hard.url, api_key=key)
+    try:
+        first = client.create_custom_loss(scaled_nll(1.0), ranks).result()
+        client.create_custom_loss(scaled_nll(2.0), ranks).result()
+        with pytest.raises(tinker.APIStatusError, match="max_custom_losses_per_session") as no:
+            client.create_custom_loss(scaled_nll(3.0), ranks).result()
+        assert no.value.status_code == 403
+        session = client.holder.get_session_id()
+        stored = next(iter(hard.ctx.stores.db.query(
+            "SELECT * FROM custom_losses WHERE loss_id = ?", (first.loss_id,))))
+        retry = {"session_id": session, "custom_loss_seq_id": int(first.loss_id.rsplit(":")[-1]),
+                 "name": stored["name"],
+                 "inputs": [{"name": n, "rank": r} for n, r in json.loads(stored["inputs"])],
+                 "graph": {"nodes": json.loads(stored["nodes"])}, "type": "create_custom_loss"}
+        again = post(hard, key, "/api/v1/create_custom_loss", json=retry)
+        assert again.status_code == 200, again.text
+    finally:
+        client.holder.close()

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from loraplex.api import schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
+from loraplex.api.context import ServerContext
 from loraplex.api.submission import new_request_id
 from loraplex.domain.custom_loss import (
     MAX_NAME_CHARS,
@@ -23,9 +24,19 @@ from loraplex.domain.custom_loss import (
     loss_id,
 )
 from loraplex.domain.ops import CustomLossCreated
-from loraplex.errors import ConflictError, user_error
+from loraplex.errors import ConflictError, QuotaError, user_error
 
 router = APIRouter(prefix="/api/v1")
+
+
+def _check_room(ctx: ServerContext, loss: CustomLoss) -> None:
+    """Raises QuotaError (HTTP 403) when the session already stores its quota of losses (a
+    retried create of a stored one is let through)."""
+    limit = ctx.config.quotas.max_custom_losses_per_session
+    store = ctx.stores.custom_losses
+    if store.count_for_session(loss.session_id) >= limit and not store.exists(loss.loss_id):
+        raise QuotaError(f"session {loss.session_id} already stores {limit} custom losses "
+                         "(quotas.max_custom_losses_per_session); reuse their handles")
 
 
 @router.post("/create_custom_loss")
@@ -42,6 +53,7 @@ async def create_custom_loss(request: Request, tenant: Tenant) -> dict[str, str]
     check_graph(nodes, inputs)
     loss = CustomLoss(loss_id(body.session_id, body.custom_loss_seq_id), tenant,
                       body.session_id, body.name, tuple(inputs), tuple(nodes))
+    _check_room(ctx, loss)
     stored = ctx.stores.custom_losses.insert(loss)
     request_id = new_request_id()
     ctx.futures.create(request_id, tenant, "CreateCustomLoss")
