@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from loraplex.api import errors, housekeeping, metering
-from loraplex.api.auth import KeyCache
+from loraplex.api.auth import KeyCache, RevocationEpochs
 from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext
 from loraplex.api.jwt_tokens import JwtIssuer
@@ -77,6 +77,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
                   openapi_url=None)
     app.state.ctx = ctx
     app.state.key_cache = KeyCache(ctx.config.key_cache_ttl_s)
+    app.state.revocations = RevocationEpochs(ctx.config.key_cache_ttl_s)
     app.state.metrics_registries = metrics.metrics_registries(ctx)
     app.state.model_texts = ModelTexts()
     app.state.completion_feeds = CompletionFeeds(ctx.futures)

@@ -4,11 +4,14 @@ scrapers send) → the calling `Principal` (tinker-api.md §1.2).
 Known keys map to their tenant (and operator flag); with ``--open`` any other ``tml-`` key is
 its own tenant. Resolved keys are cached in memory for ``key_cache_ttl_s`` (so a key revoked
 with ``loraplex keys revoke`` stops working within that time) in a bounded LRU, so the hot path
-rarely touches SQLite and a flood of distinct keys cannot grow the cache without bound.
+rarely touches SQLite and a flood of distinct keys cannot grow the cache without bound. A JWT
+issued before its tenant's keys were revoked is refused within the same time
+(`RevocationEpochs`).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -58,6 +61,29 @@ class KeyCache:
         return principal
 
 
+class RevocationEpochs:
+    """Tenant → when its keys were last revoked, reloaded from the database at most once per
+    ``ttl_s`` (not per request), so revoking a key stops its JWTs within that time too.
+
+    Args:
+        ttl_s: ``server.key_cache_ttl_s``, the same bound as for the keys themselves.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._loaded_at = -math.inf
+        self._epochs: dict[str, float] = {}
+
+    def revoked_at(self, request: Request, tenant: str) -> float:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._loaded_at >= self.ttl_s:
+                self._epochs = ctx_of(request).stores.keys.revocation_epochs()
+                self._loaded_at = now
+            return self._epochs.get(tenant, -math.inf)
+
+
 def presented_key(request: Request) -> str | None:
     """The API key of a request: ``X-API-Key``, else a bearer token."""
     key = request.headers.get("x-api-key")
@@ -76,7 +102,8 @@ async def authenticate(request: Request) -> Principal:
     if issuer is not None:
         key = presented_key(request)
         if key is not None and key.startswith(JWT_PREFIX):
-            return issuer.verify(key)
+            epochs: RevocationEpochs = request.app.state.revocations
+            return issuer.verify(key, lambda tenant: epochs.revoked_at(request, tenant))
     cache: KeyCache = request.app.state.key_cache
     return cache.principal(request)
 

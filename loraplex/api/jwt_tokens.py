@@ -58,12 +58,17 @@ class JwtIssuer:
                                  for part in (_HEADER, claims))
         return f"{signing_input}.{_b64(self._sign(signing_input))}"
 
-    def verify(self, token: str) -> Principal:
+    def verify(self, token: str, revoked_at: Callable[[str], float] | None = None
+               ) -> Principal:
         """The principal a valid token names.
+
+        Args:
+            revoked_at: tenant → when its keys were last revoked (``-inf``: never); a token
+                issued at or before then is refused.
 
         Raises:
             TokenError: malformed, not signed with this server's key, not HS256, from
-                another issuer, or expired.
+                another issuer, expired, or issued before its tenant's keys were revoked.
         """
         parts = token.split(".")
         if len(parts) != 3:
@@ -86,6 +91,9 @@ class JwtIssuer:
             raise _invalid("missing claims")
         if exp <= self._clock():
             raise _invalid("expired")
+        iat = claims.get("iat")
+        if revoked_at is not None and (not isinstance(iat, int) or iat <= revoked_at(tenant)):
+            raise _invalid("issued before its key was revoked")
         return Principal(tenant, bool(claims.get("op")))
 
     def _sign(self, signing_input: str) -> bytes:

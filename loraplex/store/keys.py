@@ -94,6 +94,12 @@ class KeyStore:
             return int(conn.execute("DELETE FROM api_keys WHERE tenant = ?",
                                     (tenant,)).rowcount)
 
+    def revocation_epochs(self) -> dict[str, float]:
+        """Tenant → when its keys were last revoked (JWTs issued before then are refused)."""
+        rows = self._db.query("SELECT tenant, MAX(revoked_at) AS at FROM revoked_keys "
+                              "GROUP BY tenant")
+        return {str(r["tenant"]): float(r["at"]) for r in rows}
+
     def principal_for(self, key: str | None, *, open_access: bool) -> Principal:
         """The principal a request's key names.
 

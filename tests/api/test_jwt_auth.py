@@ -115,3 +115,26 @@ def test_jwt_mode_is_off_by_default(server: Server, new_key: Callable[[], str],
     assert config["pjwt_auth_enabled"] is False
     assert exchange(server.url, new_key()).status_code == 404
     assert call(server.url, pyjwt({"sub": "x"})).status_code == 401, "JWTs are not keys"
+
+
+def test_revoking_a_key_stops_its_jwts_within_the_key_cache_ttl(
+        tmp_path: Path) -> None:
+    """A revoked key's JWTs stayed valid until they expired (15 min by default); now the
+    tenant's revocation time is reloaded once per ``key_cache_ttl_s`` and older JWTs fail."""
+    ttl = 0.5
+    ctx = fake_context(str(tmp_path / "data"), executor="toy", open_access=False,
+                       jwt_issuer_key=ISSUER_KEY, jwt_lifetime_s=600, key_cache_ttl_s=ttl)
+    try:
+        with live_server(ctx) as url:
+            key = ctx.stores.keys.create("revokee")
+            other = ctx.stores.keys.create("bystander")
+            token, kept = exchange(url, key).json()["jwt"], exchange(url, other).json()["jwt"]
+            assert call(url, token).status_code == 200
+            ctx.stores.keys.revoke("revokee")
+            time.sleep(ttl + 0.3)
+            refused = call(url, token)
+            assert refused.status_code == 401 and "revoked" in refused.text
+            assert exchange(url, key).status_code == 401
+            assert call(url, kept).status_code == 200, "another tenant's JWT is unaffected"
+    finally:
+        ctx.stores.close()
