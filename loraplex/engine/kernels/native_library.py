@@ -8,7 +8,9 @@ machine compiles ``packed_gemm.c`` with the system C compiler (``$CC``, else ``c
 of the source, the compiler's version, the flags and the CPU (its model name and feature flags,
 so a cache shared by different hosts never serves one host's code to another). A new file is
 written under a temporary name and renamed into place, so concurrent builders never see half
-a library.
+a library. Beside each library a ``.sha256`` file holds its digest, checked before the library
+is loaded: a truncated or corrupted cached file (a full disk, a killed copy) is rebuilt, never
+mapped (a truncated mapping dies of SIGBUS at its first call).
 
 ``-fopenmp`` links ``libgomp.so.1``; loaded into a process where torch already loaded its own
 ``libgomp.so.1``, the dynamic loader reuses that one (same soname), so the kernels' parallel
@@ -102,7 +104,9 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
     key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"
-    if not target.is_file():
+    if not _intact(target):
+        if target.exists():
+            log.warning("cached kernel %s does not match its digest; rebuilding it", target)
         error = _build(compiler, flags, source, target)
         if error:
             return NativeLibrary(None, error)
@@ -110,6 +114,19 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
         return NativeLibrary(ctypes.CDLL(str(target)), "", target)
     except OSError as exc:
         return NativeLibrary(None, f"loading {target} failed: {exc}")
+
+
+def _digest_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _intact(target: Path) -> bool:
+    """Whether ``target`` exists and its bytes hash to the digest written beside it."""
+    try:
+        expected = _digest_path(target).read_text().strip()
+        return hashlib.sha256(target.read_bytes()).hexdigest() == expected
+    except OSError:
+        return False
 
 
 def _with_local_headers(source: Path) -> bytes:
@@ -133,6 +150,11 @@ def _build(compiler: str, flags: tuple[str, ...], source: Path, target: Path) ->
                               text=True, timeout=300)
         if done.returncode != 0:
             return f"compiling {source.name} failed: {done.stderr.strip()[-2000:]}"
+        digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+        fd, tmp_digest = tempfile.mkstemp(suffix=".sha256", dir=target.parent)
+        with os.fdopen(fd, "w") as out:
+            out.write(digest)
+        os.replace(tmp_digest, _digest_path(target))  # the digest first, then the library
         os.replace(tmp, target)
         log.info("compiled %s into %s", source.name, target)
         return ""
