@@ -11,6 +11,7 @@ warm start, wall times, the step-time ratio, the load average and the GEMM probe
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -128,6 +129,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     load_before = load_average()[0]
     probe = probe_machine()
