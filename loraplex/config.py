@@ -219,14 +219,19 @@ class LimitsConfig:
             inflating this much, never more).
         max_tensor_elements: most elements one decoded tensor may hold (checked on the shape,
             before a sparse tensor is densified).
+        max_request_elements: most elements all decoded tensors of one request may hold
+            together (checked on the shapes before any is decoded: many sparse tensors, each
+            within `max_tensor_elements`, would otherwise expand a few bytes into gigabytes).
     """
 
     max_body_bytes: int = 64 << 20
     max_decompressed_bytes: int = 256 << 20
     max_tensor_elements: int = 1 << 24
+    max_request_elements: int = 1 << 25
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements"):
+        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements",
+                     "max_request_elements"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 

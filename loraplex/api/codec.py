@@ -108,8 +108,26 @@ def loss_fn_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
 
 
 def datums(msg: pb.ForwardBackwardRequest, limits: LimitsConfig) -> tuple[Datum, ...]:
-    """Decode every datum; structural problems raise a UserError naming ``data[i].…``."""
+    """Decode every datum; structural problems raise a UserError naming ``data[i].…``. The
+    request's tensors together are checked against ``limits.max_request_elements`` on their
+    shapes first, before any is decoded."""
+    _check_request_elements(msg, limits)
     return tuple(_datum(d, f"data[{i}]", limits) for i, d in enumerate(msg.data))
+
+
+def _check_request_elements(msg: pb.ForwardBackwardRequest, limits: LimitsConfig) -> None:
+    total = 0
+    for i, d in enumerate(msg.data):
+        for name, t in d.loss_fn_inputs.items():
+            elements = math.prod(int(s) for s in t.shape)
+            if elements > limits.max_tensor_elements:
+                continue  # `tensor` names that one's own bound
+            total += max(0, elements)
+            if total > limits.max_request_elements:
+                raise user_error(f"data[{i}].loss_fn_inputs.{name}.shape",
+                                 f"the request's tensors hold more than "
+                                 f"{limits.max_request_elements} elements together (server."
+                                 "limits.max_request_elements)")
 
 
 def _datum(d: pb.Datum, where: str, limits: LimitsConfig) -> Datum:

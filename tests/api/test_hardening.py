@@ -26,7 +26,7 @@ from tests.api.test_training import ADAM, DATA
 from tests.integration.serve_fake import fake_context, seed_builtin_tiny
 
 LIMITS = LimitsConfig(max_body_bytes=256 << 10, max_decompressed_bytes=1 << 20,
-                      max_tensor_elements=1 << 16)
+                      max_tensor_elements=1 << 16, max_request_elements=1 << 18)
 QUOTAS = QuotaConfig(max_training_runs=3, max_checkpoint_bytes=20_000,
                      max_unfetched_result_bytes=4_000, max_custom_losses_per_session=2)
 
@@ -131,6 +131,29 @@ def test_a_tiny_request_declaring_a_huge_sparse_tensor_is_refused_before_allocat
         r = post(hard, key, "/api/v1/forward_backward", headers=PROTO,
                  content=fwd_bwd_body(model_id, 2 if field == "shape" else 3, tensor=bad))
         assert f"weights.{field}" in retrieve(hard, key, r.json()["request_id"]).json()["error"]
+
+
+def test_many_sparse_tensors_within_the_per_tensor_bound_are_refused_together(
+        hard: Server, new_key: Callable[[], str]) -> None:
+    """Each tensor within ``max_tensor_elements``, 8 of them over ``max_request_elements``:
+    a few hundred bytes used to expand into gigabytes (0.9-1.15 GB from 471-790 bytes)."""
+    key = new_key()
+    model_id = raw_model(hard, key)
+    msg = pb.ForwardBackwardRequest()
+    msg.ParseFromString(fwd_bwd_body(model_id, 1))
+    for n in range(8):
+        t = msg.data[0].loss_fn_inputs[f"extra{n}"]
+        t.dtype = pb.DTYPE_FLOAT32
+        t.shape.extend([1, 1 << 16])
+        t.sparse_csr.crow_indices = (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+        t.sparse_csr.col_indices = (5).to_bytes(8, "little")
+        t.sparse_csr.values = b"\x00\x00\x80\x3f"
+    body = msg.SerializeToString()
+    assert len(body) < 1000
+    r = post(hard, key, "/api/v1/forward_backward", headers=PROTO, content=body)
+    failed = retrieve(hard, key, r.json()["request_id"]).json()
+    assert failed["category"] == "user" and "max_request_elements" in failed["error"]
+    assert "data[0].loss_fn_inputs.extra" in failed["error"]
 
 
 def test_oversized_bodies_and_zstd_bombs_get_413(hard: Server, new_key: Callable[[], str]
