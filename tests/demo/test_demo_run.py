@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 RL_STEPS = 10
+DIMUON_SFT_STEPS = 80
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +58,12 @@ def test_manifest_tags_every_trajectory_with_its_policy_version(demo_out: Path) 
 
 @pytest.fixture(scope="module")
 def dimuon_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo's SFT warm start (its full 200 steps) with Dimuon, and one GRPO step."""
+    """The demo's SFT warm start with Dimuon (its first `DIMUON_SFT_STEPS` steps, where the
+    curves differ; both reach ~0.09 by step 100, benchmarks/results/dimuon_sft.md), and one
+    GRPO step."""
     out = tmp_path_factory.mktemp("demo-dimuon")
     cmd = [sys.executable, "-m", "loraplex", "demo", "--out", str(out), "--steps", "1",
-           "--threads", "1", "--optimizer", "dimuon"]
+           "--sft-steps", str(DIMUON_SFT_STEPS), "--threads", "1", "--optimizer", "dimuon"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -80,12 +83,10 @@ def test_the_sft_warm_start_learns_with_dimuon(demo_out: Path, dimuon_out: Path,
     manifest = json.loads((dimuon_out / "manifest.json").read_text())
     assert manifest["optimizer"]["type"] == "dimuon"
     assert manifest["optimizer"]["sft"]["type"] == "dimuon"
-    marks = [0, 9, 49, 99, len(dimuon) - 1]
+    marks = [0, 9, 29, 49, DIMUON_SFT_STEPS - 1]
     report = {f"step {i}": {"dimuon": round(dimuon[i], 4), "adamw": round(adamw[i], 4)}
               for i in marks}
     record_property("sft_loss_dimuon_vs_adamw", report)
     print("SFT loss per completion token, Dimuon vs AdamW:", json.dumps(report))
-    assert len(dimuon) == len(adamw)
+    assert len(dimuon) == DIMUON_SFT_STEPS and len(adamw) > DIMUON_SFT_STEPS
     assert sum(dimuon[-10:]) / 10 < sum(dimuon[:10]) / 10 / 4
-    summary = json.loads((dimuon_out / "summary.json").read_text())
-    assert summary["max_abs_kl_sample_train"] == 0.0
