@@ -7,6 +7,15 @@ so nothing a client sends is ever resolved by name, evaluated or compiled. Befor
 the elements its tensor arguments imply (their total, and their broadcast) are checked against
 `MAX_ELEMENTS`, and after it the result; any failure is a `UserError` naming the node.
 
+Budgets, so that one tenant's graph cannot hold the shared training thread or its memory:
+every operand and result of a node is a tensor within `MAX_ELEMENTS`, a bool, a float, an int
+of at most 63 bits, a dtype, a slice, a short string (attribute names) or a short tuple/list
+(`MAX_SEQUENCE` entries: shapes);
+Python integer powers and sequence repetitions are refused before they are computed; advanced
+indexing is bounded before it allocates; the values a request's graphs make together are
+bounded (`GraphBudget`: a multiple of the request's own inputs); and a datum's graph that runs
+longer than `MAX_SECONDS_PER_DATUM` fails, naming the node it got to.
+
 Semantics are the SDK's ``run_loss_handle``: the graph runs once per datum on that datum's
 target logprobs ``[T]`` and its inputs; losses are summed in datum order, metrics summed in
 Python floats (``:mean`` ones divided by the number of datums). The loss is not per token, so
@@ -18,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,27 +70,61 @@ METHODS: dict[str, Callable[..., Any]] = {m: getattr(torch.Tensor, m)
                                           for m in sorted(ALLOWED_METHODS)}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64,
           "int32": torch.int32, "bool": torch.bool}
+MAX_SEQUENCE = 64
+"""Most entries of a tuple or list a node may take or make (shapes, dims, stack inputs)."""
+MAX_INT_BITS = 63
+MAX_SECONDS_PER_DATUM = 5.0
+"""Longest a datum's graph may run (checked between nodes)."""
+ELEMENTS_PER_INPUT = 256
+"""`GraphBudget`: a request's graphs may make this many elements per input element (plus
+`MAX_ELEMENTS` × 4)."""
 
 
-def run_graph(loss: CustomLoss, args: Sequence[torch.Tensor]
+class GraphBudget:
+    """The elements one request's graphs may make together, over all its datums (autograd
+    keeps them until the backward): ``ELEMENTS_PER_INPUT`` × the request's input elements
+    (logprobs and loss inputs) + 4 × `MAX_ELEMENTS`."""
+
+    def __init__(self, input_elements: int) -> None:
+        self.limit = ELEMENTS_PER_INPUT * input_elements + 4 * MAX_ELEMENTS
+        self.used = 0
+
+    def spend(self, node: LossNode, elements: int) -> None:
+        self.used += elements
+        if self.used > self.limit:
+            raise _node_error(node, f"the request's graphs make {self.used} elements "
+                              f"together (limit {self.limit})")
+
+
+def run_graph(loss: CustomLoss, args: Sequence[torch.Tensor],
+              budget: GraphBudget | None = None
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One datum: ``(loss, metrics)`` of the graph on ``args`` (logprobs first)."""
+    budget = budget or GraphBudget(sum(a.numel() for a in args))
     env: dict[str, Any] = {}
     placeholders = iter(args)
+    started = time.monotonic()
     for node in loss.nodes:
         if node.op == "placeholder":
             env[node.name] = next(placeholders)
         elif node.op == "output":
             return _output(node, env)
         else:
-            env[node.name] = _call(node, env)
+            env[node.name] = _call(node, env, budget)
+            if time.monotonic() - started > MAX_SECONDS_PER_DATUM:
+                raise _node_error(node, f"the graph ran past {MAX_SECONDS_PER_DATUM} s for "
+                                  "one datum")
     raise AssertionError("check_graph guarantees an output node")
 
 
-def _call(node: LossNode, env: dict[str, Any]) -> Any:
+def _call(node: LossNode, env: dict[str, Any], budget: GraphBudget) -> Any:
     args = [_value(a, env) for a in node.args]
     kwargs = {k: _value(v, env) for k, v in node.kwargs.items()}
+    for value in (*args, *kwargs.values()):
+        _check_operand(node, value)
     _check_size(node, [*args, *kwargs.values()])
+    _check_python_arithmetic(node, args)
+    _check_indexing(node, args)
     try:
         if node.op == "call_method":
             if not args or not isinstance(args[0], torch.Tensor):
@@ -94,7 +138,77 @@ def _call(node: LossNode, env: dict[str, Any]) -> Any:
         raise _node_error(node, f"{type(exc).__name__}: {str(exc)[:300]}") from None
     if isinstance(result, torch.Tensor) and result.numel() > MAX_ELEMENTS:
         raise _node_error(node, f"makes {result.numel()} elements (limit {MAX_ELEMENTS})")
+    _check_operand(node, result, "makes")
+    budget.spend(node, sum(t.numel() for t in _tensors(result)))
     return result
+
+
+def _check_operand(node: LossNode, value: Any, verb: str = "takes") -> None:
+    """A value a node takes or makes is one of the kinds the module docstring lists."""
+    if isinstance(value, (torch.Tensor, float, bool, torch.dtype, slice)) or value is None \
+            or value is Ellipsis:
+        return
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise _node_error(node, f"{verb} an integer of {value.bit_length()} bits "
+                              f"(limit {MAX_INT_BITS})")
+        return
+    if isinstance(value, str):  # attribute names, reduction modes
+        if len(value) > MAX_SEQUENCE:
+            raise _node_error(node, f"{verb} a string of {len(value)} characters (limit "
+                              f"{MAX_SEQUENCE})")
+        return
+    if isinstance(value, (tuple, list)):
+        if len(value) > MAX_SEQUENCE:
+            raise _node_error(node, f"{verb} a sequence of {len(value)} entries (limit "
+                              f"{MAX_SEQUENCE})")
+        for item in value:
+            _check_operand(node, item, verb)
+        return
+    if isinstance(value, dict) and verb == "takes":
+        for item in value.values():
+            _check_operand(node, item, verb)
+        return
+    raise _node_error(node, f"{verb} a {type(value).__name__}, which a loss graph may not use")
+
+
+def _check_python_arithmetic(node: LossNode, args: list[Any]) -> None:
+    """Refuse, before computing it, a Python integer power of more than 63 bits and a
+    sequence repeated past `MAX_SEQUENCE` (Python would build them holding the GIL)."""
+    if node.op != "call_function" or len(args) != 2:
+        return
+    left, right = args
+    if node.target in ("operator.pow", "math.pow") and isinstance(left, int) \
+            and isinstance(right, int) and right > 0 \
+            and max(abs(left).bit_length() - 1, 0) * right > MAX_INT_BITS:
+        raise _node_error(node, f"{left} ** {right} has more than {MAX_INT_BITS} bits")
+    if node.target == "operator.mul":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, bytes, tuple, list)) and isinstance(times, int) \
+                    and len(seq) * max(times, 0) > MAX_SEQUENCE:
+                raise _node_error(node, f"repeats a sequence to {len(seq) * times} entries "
+                                  f"(limit {MAX_SEQUENCE})")
+
+
+def _check_indexing(node: LossNode, args: list[Any]) -> None:
+    """Bound ``x[index]`` before it allocates when the index holds integer tensors (advanced
+    indexing: the result has the index's shape times the dimensions it leaves)."""
+    if node.target not in ("operator.getitem", "__getitem__") or len(args) != 2 \
+            or not isinstance(args[0], torch.Tensor):
+        return
+    source, index = args
+    entries = index if isinstance(index, tuple) else (index,)
+    tensors = [e for e in entries if isinstance(e, torch.Tensor) and e.dtype != torch.bool]
+    if not tensors:
+        return  # slices, ints and masks never make more than the source holds
+    with contextlib.suppress(RuntimeError):  # not broadcastable: the call will say so
+        indexed = math.prod(torch.broadcast_shapes(*(t.shape for t in tensors)))
+        consumed = sum(e.ndim if isinstance(e, torch.Tensor) else 0 if e is None else 1
+                       for e in entries if e is not Ellipsis)
+        left = math.prod(source.shape[consumed:]) if consumed <= source.ndim else 1
+        if indexed * left > MAX_ELEMENTS:
+            raise _node_error(node, f"indexing makes {indexed * left} elements (limit "
+                              f"{MAX_ELEMENTS})")
 
 
 def _check_size(node: LossNode, args: list[Any]) -> None:
@@ -173,10 +287,12 @@ class _BoundCustomLoss:
     def __call__(self, logprobs_T: torch.Tensor, inputs: LossInputs) -> LossOutput:
         total: torch.Tensor | None = None
         sums: dict[str, float] = {}
+        budget = GraphBudget(logprobs_T.numel() + sum(
+            t.numel() for extra in self.inputs_per_datum for t in extra))
         for logprobs, extra in zip(inputs.split(logprobs_T), self.inputs_per_datum,
                                    strict=True):
             loss, metrics = run_graph(self.loss, [logprobs, *(x.to(logprobs.device)
-                                                              for x in extra)])
+                                                              for x in extra)], budget)
             total = loss if total is None else total + loss
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value.detach().reshape(()).item())

@@ -71,3 +71,66 @@ def test_a_failing_node_is_a_user_error_naming_it() -> None:
 def test_every_allowed_name_has_its_function() -> None:
     assert FUNCTIONS["torch.exp"] is torch.exp and METHODS["sum"] is torch.Tensor.sum
     assert not any(name.startswith(("os.", "subprocess.", "builtins.")) for name in FUNCTIONS)
+
+
+def hand_built(*calls: tuple[str, str, tuple[object, ...]]) -> CustomLoss:
+    """``logprobs`` then one call per entry (name, target, args), the last one the loss."""
+    nodes = [LossNode("placeholder", "logprobs", "logprobs", (), {})]
+    nodes += [LossNode("call_function", name, target, args, {}) for name, target, args in calls]
+    nodes.append(LossNode("output", "output", "output",
+                          ({"tuple": [{"ref": calls[-1][0]}, {"dict": {}}]},), {}))
+    return CustomLoss("s:loss:0", "t", "s", "hostile", (("logprobs", 1),), tuple(nodes))
+
+
+@pytest.mark.parametrize(("calls", "message"), [
+    ((("big", "operator.pow", (10, 10**7)),), r"node 'big'.*more than 63 bits"),
+    ((("many", "operator.mul", ([0], 10**8)),), r"node 'many'.*repeats a sequence"),
+    ((("text", "operator.mul", ("ab", 10**8)),), r"node 'text'.*repeats a sequence"),
+])
+def test_python_arithmetic_bombs_are_refused_before_they_are_computed(
+        calls: tuple[tuple[str, str, tuple[object, ...]], ...], message: str) -> None:
+    """Big-int powers held the GIL for seconds; list and string repetition escaped the size
+    checks (+1.5 GB in two nodes)."""
+    with pytest.raises(UserError, match=message):
+        run_graph(hand_built(*calls), [torch.zeros(3)])
+
+
+def gather_rows(logprobs, table, index):  # type: ignore[no-untyped-def]
+    return table[index].sum() + logprobs.sum(), {}
+
+
+def test_advanced_indexing_is_bounded_before_it_allocates() -> None:
+    """``table[index]`` of a [64, 32768] table by 32,768 row ids would make 2^30 elements
+    from arguments of 2.1M: refused on the shapes."""
+    loss, _ = rebuilt(gather_rows, {"logprobs": 1, "table": 2, "index": 1})
+    table = torch.zeros(64, 32)
+    small, _ = run_graph(loss, [torch.zeros(3), table, torch.zeros(5, dtype=torch.int64)])
+    assert small.item() == 0.0
+    with pytest.raises(UserError, match=r"indexing makes 1073741824 elements"):
+        run_graph(loss, [torch.zeros(3), torch.zeros(64, 32768),
+                         torch.zeros(32768, dtype=torch.int64)])
+
+
+def doubling(logprobs, a, b):  # type: ignore[no-untyped-def]
+    grid = a.unsqueeze(1) - b.unsqueeze(0)
+    for _ in range(6):
+        grid = grid * 2.0
+    return grid.sum() + logprobs.sum(), {}
+
+
+def test_what_a_request_s_graphs_make_together_is_bounded() -> None:
+    """Each node within the per-value bound, but 7 of them at 4M elements from 4K inputs:
+    memory grew as nodes × datums with no total (~8.8 GB per datum at 512 nodes)."""
+    loss, _ = rebuilt(doubling, {"logprobs": 1, "a": 1, "b": 1})
+    run_graph(loss, [torch.zeros(3), torch.zeros(64), torch.zeros(64)])
+    with pytest.raises(UserError, match=r"graphs make \d+ elements together"):
+        run_graph(loss, [torch.zeros(3), torch.zeros(2048), torch.zeros(2048)])
+
+
+def test_a_graph_past_its_time_fails_naming_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loraplex.engine.losses import custom_graph
+
+    loss, _ = rebuilt(pairwise, {"logprobs": 1, "other": 1})
+    monkeypatch.setattr(custom_graph, "MAX_SECONDS_PER_DATUM", -1.0)
+    with pytest.raises(UserError, match=r"node 'unsqueeze'.*ran past -1.0 s"):
+        run_graph(loss, [torch.zeros(4), torch.zeros(3)])
