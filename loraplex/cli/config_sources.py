@@ -25,11 +25,12 @@ from loraplex.config import ENV_PREFIX, LoraplexConfig, loraplex_environment
 from loraplex.errors import UserError, user_error
 
 DEFAULT_SOURCE = "default"
-ENV_EXEMPT_PREFIXES = ("LORAPLEX_TEST_", "LORAPLEX_KERNEL_CACHE")
+ENV_EXEMPT_PREFIXES = ("LORAPLEX_TEST_", "LORAPLEX_KERNEL_CACHE", "LORAPLEX_KERNEL_FLAGS")
 """Not configuration: the test harness's own knobs (``LORAPLEX_TEST_EXECUTOR``,
 ``LORAPLEX_TEST_THREADS``, read by ``tests/*/conftest.py``), set while tests start servers, and
-the native kernels' build cache (``LORAPLEX_KERNEL_CACHE``, read by
-`engine.kernels.native_library` in every process that builds them)."""
+the native kernels' build cache and extra compiler flags (``LORAPLEX_KERNEL_CACHE``,
+``LORAPLEX_KERNEL_FLAGS``, read by `engine.kernels.native_library` in every process that builds
+them)."""
 
 
 @dataclass(frozen=True)

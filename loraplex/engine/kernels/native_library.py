@@ -87,7 +87,9 @@ def vectorized(name: str, lanes_symbol: str, what: str) -> tuple[ctypes.CDLL, in
 
 def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
     """``source`` compiled for this machine (built on first use) and loaded; ``extra_flags``
-    after the usual ones (tests build the AVX2 variant with ``-mno-avx512f``)."""
+    after the usual ones (tests build the AVX2 variant with ``-mno-avx512f``), then those of
+    ``$LORAPLEX_KERNEL_FLAGS`` (the warning and sanitizer builds of the tests). The flags are
+    part of the cache key."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return NativeLibrary(None, "no C compiler found ($CC, cc or gcc)")
@@ -100,7 +102,7 @@ def load(source: Path, extra_flags: tuple[str, ...] = ()) -> NativeLibrary:
         text = _with_local_headers(source)
     except OSError as exc:  # a source or header missing from the install
         return NativeLibrary(None, f"reading {source.name}: {exc}")
-    flags = (*FLAGS, *extra_flags)
+    flags = (*FLAGS, *extra_flags, *os.environ.get("LORAPLEX_KERNEL_FLAGS", "").split())
     key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{key}.so"

@@ -1,9 +1,14 @@
-"""The kernel cache: a truncated cached library (a full disk, a killed copy) is rebuilt before
-it is mapped; it used to be loaded and kill the server with SIGBUS at its first call."""
+"""The kernel cache and builds: a truncated cached library (a full disk, a killed copy) is
+rebuilt before it is mapped (it used to be loaded and kill the server with SIGBUS at its first
+call); both kernels build with ``-Wall -Wextra -Werror``; the kernel tests pass with the kernels
+built under AddressSanitizer and UndefinedBehaviorSanitizer."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +41,56 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path,
     assert again.handle is not None and again.path == other / first.path.name
     assert len(again.path.read_bytes()) == len(built), "rebuilt whole"
     assert int(again.handle.lp_lanes()) >= 0  # callable: not a truncated mapping
+
+
+KERNEL_SOURCES = ("packed_gemm.c", "paged_attention.c")
+
+
+@needs_cc
+@pytest.mark.parametrize("variant", [(), ("-mno-avx512f",)], ids=["native", "avx2"])
+def test_the_kernels_build_warning_free(tmp_path: Path, variant: tuple[str, ...]) -> None:
+    """``-Wall -Wextra -Werror`` on both kernels, as this machine builds them and as a CPU
+    without AVX-512 does."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler is not None
+    for name in KERNEL_SOURCES:
+        done = subprocess.run([compiler, *native_library.FLAGS, *variant, "-Wall", "-Wextra",
+                               "-Werror", "-o", str(tmp_path / f"{name}.so"),
+                               str(SOURCE.with_name(name))], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _runtime(name: str) -> str | None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    path = subprocess.run([compiler, f"-print-file-name={name}"], capture_output=True,
+                          text=True).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+@needs_cc
+@pytest.mark.skipif(_runtime("libasan.so") is None or _runtime("libubsan.so") is None,
+                    reason="no ASan/UBSan runtime")
+def test_the_kernel_tests_pass_under_address_and_undefined_sanitizers(tmp_path: Path) -> None:
+    """The other kernel tests (GEMM and attention, forward and backward, AVX2 and native) in a
+    process whose kernels are built with ``-fsanitize=address,undefined`` (through
+    ``$LORAPLEX_KERNEL_FLAGS``) and the sanitizer runtimes preloaded: any out-of-bounds access
+    or undefined behaviour aborts that run."""
+    env = {**os.environ, "LD_PRELOAD": f"{_runtime('libasan.so')} {_runtime('libubsan.so')}",
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+           "LORAPLEX_KERNEL_CACHE": str(tmp_path),
+           "LORAPLEX_KERNEL_FLAGS": "-fsanitize=address,undefined "
+                                    "-fno-sanitize-recover=undefined -fno-omit-frame-pointer"}
+    here = Path(__file__)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(here.parent), "--ignore", str(here)], capture_output=True,
+                          text=True, env=env, timeout=900, cwd=here.parents[3])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    built = sorted(p.name for p in tmp_path.glob("*.so"))
+    assert len(built) >= 2, built
+    for so in tmp_path.glob("*.so"):
+        symbols = subprocess.run(["nm", "-D", str(so)], capture_output=True, text=True).stdout
+        assert "__asan" in symbols, f"{so.name} was not built with ASan"
