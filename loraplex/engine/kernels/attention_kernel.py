@@ -89,6 +89,22 @@ class AttentionRuns:
         return bool(pages.unique().numel() == pages.numel())
 
 
+def _bounds(rows: int, runs: AttentionRuns, pages: torch.Tensor) -> tuple[ctypes.c_int64, ...]:
+    """What the kernel checks every row, table offset and page id against: the query rows,
+    the tables' rows and width, and the pages (int64 tables and keys, as it reads them)."""
+    for name in ("tables_B_N", "run_row_U", "run_len_U", "run_table_U", "row_keys_R",
+                 "seq_row_S", "seq_len_S", "seq_table_S"):
+        t = getattr(runs, name)
+        if t.dtype != torch.int64 or not t.is_contiguous():
+            raise ValueError(f"attention kernel: {name} must be contiguous int64")
+    if runs.row_keys_R.numel() < rows:
+        raise ValueError(f"attention kernel: {runs.row_keys_R.numel()} row keys for {rows} rows")
+    table_rows, width = (runs.tables_B_N.shape if runs.tables_B_N.ndim == 2
+                         else (1, runs.tables_B_N.numel()))
+    i64 = ctypes.c_int64
+    return i64(rows), i64(table_rows), i64(width), i64(pages.shape[0])
+
+
 @dataclass(frozen=True)
 class AttentionKernel:
     """The loaded ``paged_attention.c``.
@@ -124,8 +140,10 @@ class AttentionKernel:
             ptr(runs.tables_B_N.data_ptr()), ptr(runs.run_row_U.data_ptr()),
             ptr(runs.run_len_U.data_ptr()), ptr(runs.run_table_U.data_ptr()),
             ptr(runs.row_keys_R.data_ptr()), i64(runs.run_row_U.numel()), i64(heads),
-            i64(k.shape[1]), i64(head_dim), i64(k.shape[2]), i64(torch.get_num_threads()),
-            ptr(out.data_ptr()), ptr(lse.data_ptr()))
+            i64(k.shape[1]), i64(head_dim), i64(k.shape[2]), *_bounds(rows, runs, k),
+            i64(torch.get_num_threads()), ptr(out.data_ptr()), ptr(lse.data_ptr()))
+        if status == -2:
+            raise MemoryError("attention kernel: no memory for its work buffers")
         if status != 0:
             raise ValueError(f"attention kernel refused shape q {tuple(q.shape)}, pages "
                              f"{tuple(k.shape)}")
@@ -152,8 +170,9 @@ class AttentionKernel:
             ptr(runs.seq_row_S.data_ptr()), ptr(runs.seq_len_S.data_ptr()),
             ptr(runs.seq_table_S.data_ptr()), ptr(runs.row_keys_R.data_ptr()),
             i64(runs.seq_row_S.numel()), i64(max_keys), i64(heads), i64(k.shape[1]),
-            i64(head_dim), i64(k.shape[2]), i64(torch.get_num_threads()), ptr(d_q.data_ptr()),
-            ptr(d_k.data_ptr()), ptr(d_v.data_ptr()))
+            i64(head_dim), i64(k.shape[2]), *_bounds(q.shape[0], runs, k),
+            i64(torch.get_num_threads()), ptr(d_q.data_ptr()), ptr(d_k.data_ptr()),
+            ptr(d_v.data_ptr()))
         if status == -2:
             raise MemoryError("attention backward: no memory for its work buffers")
         if status != 0:

@@ -198,12 +198,16 @@ static void pair_rows_all(const float *x, const float *wp, float *y, int64_t O, 
  * a block's slice of the weight stays in L1 across the chunk's rows (a pair stays on one
  * thread for every block: a static schedule). An element's block sums are added in order
  * either way: the same arithmetic, the same bits. */
-void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, int64_t K,
-               int64_t block, int64_t panel_stride, int64_t row_stride, int64_t num_threads) {
-    if (M <= 0 || O <= 0) return;
-    if (K <= 0 || block <= 0) {
+int lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, int64_t K,
+              int64_t block, int64_t panel_stride, int64_t row_stride, int64_t num_threads) {
+    /* -1, nothing written: a negative size, no summation block, strides too small for the
+     * panels they step over, or no thread. */
+    if (M < 0 || O < 0 || K < 0 || num_threads < 1 || (K > 0 && block < 1)
+        || panel_stride < 1 || row_stride < 1) return -1;
+    if (M == 0 || O == 0) return 0;
+    if (K == 0) {
         memset(y, 0, (size_t)(M * O) * sizeof(float));
-        return;
+        return 0;
     }
     int64_t panels = (O + LANES - 1) / LANES;
     int64_t pairs = (panels + 1) / 2;
@@ -211,7 +215,7 @@ void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, 
         #pragma omp parallel for schedule(static) num_threads((int)num_threads)
         for (int64_t q = 0; q < pairs; q++)
             pair_rows_all(x, wp, y, O, K, block, panels, q, 0, M, panel_stride, row_stride);
-        return;
+        return 0;
     }
     #pragma omp parallel num_threads((int)num_threads)
     for (int64_t c0 = 0; c0 < M; c0 += ROW_CHUNK) {
@@ -223,6 +227,7 @@ void lp_linear(const float *x, const float *wp, float *y, int64_t M, int64_t O, 
                           panel_stride, row_stride);
         }
     }
+    return 0;
 }
 
 #endif

@@ -70,10 +70,13 @@ class GemmKernel:
         rows, inner = x_M_K.shape
         y_M_O = torch.empty(rows, out_features, dtype=x_M_K.dtype, device=x_M_K.device)
         i64 = ctypes.c_int64
-        self.library.lp_linear(
+        status = self.library.lp_linear(
             ctypes.c_void_p(x_M_K.data_ptr()), ctypes.c_void_p(w.data_ptr()),
             ctypes.c_void_p(y_M_O.data_ptr()), i64(rows), i64(out_features), i64(inner),
             i64(block), i64(panel_stride), i64(row_stride), i64(torch.get_num_threads()))
+        if status != 0:
+            raise ValueError(f"packed GEMM refused x {tuple(x_M_K.shape)}, {out_features} "
+                             f"outputs, block {block}, strides {panel_stride}/{row_stride}")
         return y_M_O
 
 

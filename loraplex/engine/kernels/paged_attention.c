@@ -297,35 +297,72 @@ static void run_item(const float *q, const float *kp, const float *vp, const int
     }
 }
 
-/* Returns 0, or -1 when a dimension is out of range (nothing is written then). */
+/* Whether a dimension is out of range (nothing is written then). */
 static int bad_shape(int64_t H, int64_t Hkv, int64_t D, int64_t BS) {
-    return Hkv <= 0 || H % Hkv || H / Hkv > MAX_GROUP || D % LANES || D > MAX_DIM
-        || BS % LANES || BS > MAX_BLOCK;
+    return H <= 0 || Hkv <= 0 || H % Hkv || H / Hkv > MAX_GROUP || D <= 0 || D % LANES
+        || D > MAX_DIM || BS <= 0 || BS % LANES || BS > MAX_BLOCK;
 }
 
+/* The memory one run (or sequence) reads, checked before anything is: rows r0 .. r0 + n − 1
+ * within the R rows, their key counts ≥ 0, its table (flat offset `table` into tables
+ * [table_rows][width]) a whole row of the tables, the pages its keys need within that row, and
+ * every page id there within the `pages` pages. Whether anything is out of range. */
+static int bad_rows(const int64_t *tables, const int64_t *row_keys, int64_t table, int64_t r0,
+                    int64_t n, int64_t R, int64_t table_rows, int64_t width, int64_t pages,
+                    int64_t BS) {
+    if (n < 1 || r0 < 0 || r0 > R - n || table < 0 || width < 0) return 1;
+    if (width > 0 && (table % width || table / width >= table_rows)) return 1;
+    int64_t max_keys = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = row_keys[r0 + i];
+        if (k < 0) return 1;
+        if (k > max_keys) max_keys = k;
+    }
+    int64_t used = (max_keys + BS - 1) / BS;
+    if (used > width) return 1;
+    for (int64_t b = 0; b < used; b++)
+        if (tables[table + b] < 0 || tables[table + b] >= pages) return 1;
+    return 0;
+}
+
+/* Attention of R query rows (U runs of ≤ RUN_ROWS consecutive rows of one sequence) over
+ * `pages` pages of keys and values through block tables [table_rows][width]. Returns 0; -1
+ * when a dimension, a run, a row, a table offset or a page id is out of range (checked first:
+ * nothing is read or written then); -2 when work memory ran out. */
 int la_forward(const float *q, const float *kp, const float *vp, const int64_t *tables,
                const int64_t *run_row, const int64_t *run_len, const int64_t *run_table,
                const int64_t *row_keys, int64_t U, int64_t H, int64_t Hkv, int64_t D,
-               int64_t BS, int64_t num_threads, float *out, float *lse) {
-    if (bad_shape(H, Hkv, D, BS)) return -1;
+               int64_t BS, int64_t R, int64_t table_rows, int64_t width, int64_t pages,
+               int64_t num_threads, float *out, float *lse) {
+    if (bad_shape(H, Hkv, D, BS) || U < 0 || num_threads < 1) return -1;
     for (int64_t u = 0; u < U; u++)
-        if (run_len[u] < 1 || run_len[u] > RUN_ROWS) return -1;
+        if (run_len[u] < 1 || run_len[u] > RUN_ROWS
+            || bad_rows(tables, row_keys, run_table[u], run_row[u], run_len[u], R, table_rows,
+                        width, pages, BS)) return -1;
     int64_t items = U * Hkv;
+    int failed = 0;
     #pragma omp parallel num_threads((int)num_threads)
     {
         float *kt = aligned_alloc(64, sizeof(float) * (size_t)(D * BS));
         float *state = aligned_alloc(
             64, sizeof(float) * (size_t)(2 * RUN_ROWS * MAX_GROUP + RUN_ROWS * (H / Hkv) * D));
+        int ok = kt && state;
+        if (!ok) {
+            #pragma omp atomic write
+            failed = 1;
+        }
         #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
             int64_t u = it / Hkv;
-            run_item(q, kp, vp, tables + run_table[u], row_keys, run_row[u], (int)run_len[u],
-                     (int)(it % Hkv), (int)H, (int)Hkv, (int)D, (int)BS, kt, state, out, lse);
+            if (ok)
+                run_item(q, kp, vp, tables + run_table[u], row_keys, run_row[u],
+                         (int)run_len[u], (int)(it % Hkv), (int)H, (int)Hkv, (int)D, (int)BS,
+                         kt, state, out, lse);
         }
         free(kt);
         free(state);
     }
-    return 0;
+    return failed ? -2 : 0;
 }
 
 #include "paged_attention_backward.h"

@@ -145,18 +145,22 @@ static void item_grad(const grad_args *a, const int64_t *table, int g, int64_t r
  * s = 0 .. S − 1 (rows seq_row[s] .. + seq_len[s] − 1, block table at tables[seq_table[s]]),
  * given the forward's lse [R][H] and delta [R][H]. The caller zeroes dq, dkp and dvp (rows and
  * pages no item touches stay zero) and orders sequences as it wants them started (longest
- * first balances threads). max_keys: the most keys any row sees. Returns 0; -1 when a
- * dimension is out of range or a sequence's rows are not consecutive positions (keys rising by
- * one, at most max_keys), and nothing is written then; -2 when work memory ran out. */
+ * first balances threads). max_keys: the most keys any row sees. R, table_rows, width, num_pages:
+ * as `la_forward` checks them. Returns 0; -1 when a dimension, a row, a table offset or a page
+ * id is out of range or a sequence's rows are not consecutive positions (keys rising by one, at
+ * most max_keys), and nothing is written then; -2 when work memory ran out. */
 int la_backward(const float *q, const float *kp, const float *vp, const float *dout,
                 const float *lse, const float *delta, const int64_t *tables,
                 const int64_t *seq_row, const int64_t *seq_len, const int64_t *seq_table,
                 const int64_t *row_keys, int64_t S, int64_t max_keys, int64_t H, int64_t Hkv,
-                int64_t D, int64_t BS, int64_t num_threads, float *dq, float *dkp, float *dvp) {
-    if (bad_shape(H, Hkv, D, BS)) return -1;
+                int64_t D, int64_t BS, int64_t R, int64_t table_rows, int64_t width,
+                int64_t num_pages, int64_t num_threads, float *dq, float *dkp, float *dvp) {
+    if (bad_shape(H, Hkv, D, BS) || S < 0 || max_keys < 0 || num_threads < 1) return -1;
     for (int64_t s = 0; s < S; s++) {  /* chunk_grad relies on it */
+        if (bad_rows(tables, row_keys, seq_table[s], seq_row[s], seq_len[s], R, table_rows,
+                     width, num_pages, BS)) return -1;
         const int64_t *keys = row_keys + seq_row[s];
-        if (seq_len[s] < 1 || keys[0] < 1 || keys[seq_len[s] - 1] > max_keys) return -1;
+        if (keys[0] < 1 || keys[seq_len[s] - 1] > max_keys) return -1;
         for (int64_t i = 1; i < seq_len[s]; i++)
             if (keys[i] != keys[i - 1] + 1) return -1;
     }
