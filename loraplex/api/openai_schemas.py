@@ -148,16 +148,13 @@ class ChatCompletionRequest(_SamplingFields):
 
 OpenAIRequest = CompletionRequest | ChatCompletionRequest
 
-MAX_TOKENIZE_CHARS = 4_000_000
-"""Most characters ``/tokenize`` takes (about a 1M-token context)."""
-
-
 class TokenizeRequest(BaseModel):
     """``prompt`` (text) or ``messages`` (rendered with the chat template first)."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
-    prompt: str | None = Field(default=None, max_length=MAX_TOKENIZE_CHARS)
+    prompt: str | None = None
+    """Bounded by `openai_text.check_text_budget` before it is encoded."""
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -168,4 +165,3 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     tokens: list[int]
-

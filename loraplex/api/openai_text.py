@@ -54,7 +54,7 @@ class ModelText:
     def encode(self, text: str) -> list[int]:
         """A completion prompt: the tokenizer's own special tokens added (a BOS where the
         model has one), as transformers' ``tokenizer(text)`` does."""
-        return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+        return self.encode_as(text, add_special_tokens=True)
 
     def encode_as(self, text: str, add_special_tokens: bool) -> list[int]:
         """``/tokenize``: the text's tokens, the tokenizer's special tokens added or not."""
@@ -103,8 +103,7 @@ class ModelText:
         if self._template is None:
             raise user_error("model", "the model's tokenizer has no chat template; use "
                              "/v1/completions")
-        text = self.chat_text(messages, True, template_kwargs)
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+        return self.encode_as(self.chat_text(messages, True, template_kwargs), False)
 
     def _special_tokens(self) -> dict[str, str]:
         out = {}

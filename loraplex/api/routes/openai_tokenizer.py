@@ -23,6 +23,7 @@ from loraplex.scheduler.catalog import ServedModel
 
 router = APIRouter()
 
+
 @router.post("/tokenize")
 async def tokenize(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, openai_schemas.TokenizeRequest)
@@ -41,7 +42,7 @@ async def tokenize(request: Request, tenant: Tenant) -> dict[str, Any]:
         tokens = await asyncio.to_thread(text.encode_as, body.prompt or "",
                                          body.add_special_tokens)
     strs = [text.token_text(t) for t in tokens] if body.return_token_strs else None
-    return {"count": len(tokens), "max_model_len": served.info.max_context, "tokens": tokens,
+    return {"count": len(tokens), "max_model_len": max_context, "tokens": tokens,
             "token_strs": strs}
 
 

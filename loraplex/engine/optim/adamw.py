@@ -2,8 +2,8 @@
 ``torch.optim.AdamW``; weight decay decoupled, default 0; ``grad_clip_norm`` 0 = no clipping).
 
 Order per step, as torch does it: global L2 grad norm over the adapter's tensors → optional
-clipping exactly like ``torch.nn.utils.clip_grad_norm_`` (coefficient
-``min(max_norm / (norm + 1e-6), 1)``) → step += 1 → decoupled decay, moments, bias-corrected
+clipping exactly like ``torch.nn.utils.clip_grad_norm_`` (`grad_clip.clip_gradients`) →
+step += 1 → decoupled decay, moments, bias-corrected
 update. Two bitwise-checked implementations:
 
 - ``fused`` (default): ``torch._fused_adamw_`` over the adapter's tensor list, bitwise equal to
@@ -18,18 +18,16 @@ Knows nothing of adapters, banks or which tensors are trainable: tensors in, met
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
 from loraplex.domain.optim import AdamParams
+from loraplex.engine.optim.grad_clip import clip_gradients
 from loraplex.engine.optim.optimizer_state import OptimizerState
-from loraplex.errors import user_error
 
 Implementation = Literal["fused", "foreach"]
-CLIP_EPSILON = 1e-6  # the epsilon of torch.nn.utils.clip_grad_norm_
 
 
 def adamw_step(
@@ -63,16 +61,7 @@ def adamw_step(
         raise ValueError("params, grads and state must list the same tensors")
     with torch.no_grad():
         grads = list(grads)
-        if total_norm is None:
-            total_norm = torch.nn.utils.get_total_norm(grads)
-        norm = float(total_norm)
-        if not math.isfinite(norm):
-            raise user_error(
-                "optim_step", f"gradient norm is {norm}; the update was skipped, weights unchanged"
-            )
-        if adam.grad_clip_norm > 0:
-            clip_coef = adam.grad_clip_norm / (total_norm + CLIP_EPSILON)
-            torch._foreach_mul_(grads, torch.clamp(clip_coef, max=1.0))
+        norm = clip_gradients(grads, adam.grad_clip_norm, total_norm)
         state.step.add_(1.0)
         if params:
             update = fused_update if implementation == "fused" else foreach_update

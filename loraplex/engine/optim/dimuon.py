@@ -7,8 +7,8 @@ matrices; the iteration count and the normalisation epsilon are internal. This i
 per LoRA matrix ``W`` (``[d_out, r]`` or ``[r, d_in]``; the leading layer and expert axes of a
 leaf are a batch of independent matrices):
 
-1. Clip: the adapter's global L2 grad norm, as `adamw` and ``torch.nn.utils.clip_grad_norm_``
-   do it (``grad_clip_norm`` ≤ 0: off).
+1. Clip: the adapter's global L2 grad norm, as `adamw` does (`grad_clip.clip_gradients`,
+   ``torch.nn.utils.clip_grad_norm_``'s arithmetic; ``grad_clip_norm`` ≤ 0: off).
 2. Momentum: ``M ← β₁·M + (1 − β₁)·G``.
 3. Preconditioner: ``X = M / (‖M‖_F + ε)``; row energies ``ρᵢ = m·Σⱼ Xᵢⱼ²`` and column
    energies ``γⱼ = n·Σᵢ Xᵢⱼ²`` (each averages 1); ``Y = diag(ρ + δ)^-½ · X · diag(γ + δ)^-½``,
@@ -34,9 +34,8 @@ from collections.abc import Sequence
 import torch
 
 from loraplex.domain.optim import DimuonParams
-from loraplex.engine.optim.adamw import CLIP_EPSILON
+from loraplex.engine.optim.grad_clip import clip_gradients
 from loraplex.engine.optim.optimizer_state import OptimizerState
-from loraplex.errors import user_error
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Muon's quintic (Keller Jordan, 2024)
 NS_STEPS = 5
@@ -74,16 +73,7 @@ def dimuon_step(
         raise ValueError("a Dimuon state listing the same tensors as params and grads")
     with torch.no_grad():
         grads = list(grads)
-        if total_norm is None:
-            total_norm = torch.nn.utils.get_total_norm(grads)
-        norm = float(total_norm)
-        if not math.isfinite(norm):
-            raise user_error(
-                "optim_step", f"gradient norm is {norm}; the update was skipped, weights unchanged"
-            )
-        if dimuon.grad_clip_norm > 0:
-            clip_coef = dimuon.grad_clip_norm / (total_norm + CLIP_EPSILON)
-            torch._foreach_mul_(grads, torch.clamp(clip_coef, max=1.0))
+        norm = clip_gradients(grads, dimuon.grad_clip_norm, total_norm)
         state.step.add_(1.0)
         lr = dimuon.learning_rate * (RANK_REFERENCE / rank) ** dimuon.rank_lr_correction_exponent
         for param, grad, momentum in zip(params, grads, state.exp_avg, strict=True):
