@@ -70,9 +70,9 @@ def sample_works(seed: int, adapter: str) -> list[Any]:
 
 
 def sample_all(executor: Any, works: list[Any]) -> dict[str, Any]:
-    out = dict(executor.sample_step(works, 16))
+    out = dict(executor.sample_step(works, 16).finished)
     while executor.num_running_samples():
-        out.update(executor.sample_step([], 16))
+        out.update(executor.sample_step([], 16).finished)
     return out
 
 

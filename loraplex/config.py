@@ -106,6 +106,9 @@ class SchedulerConfig:
         quantum_tokens: deficit round-robin quantum per tenant per round.
         timeslice: naive mode, one model per cycle (the multiplexing baseline).
         decode_steps_per_cycle: sampler decode steps between training batches when both wait.
+        stream_decode_steps: at most this many decode steps per sampling step while a
+            streamed request runs, so its tokens leave the server as they are sampled (each
+            step's new tokens are sent once it ends).
         max_sampler_snapshots_per_model: newest ephemeral sampler snapshots kept in engine
             memory per training run (older sampling sessions of that run stop working).
         max_checkpoint_samplers: checkpoint-backed sampler adapters kept loaded (LRU).
@@ -135,6 +138,7 @@ class SchedulerConfig:
     quantum_tokens: int = 2048
     timeslice: bool = False
     decode_steps_per_cycle: int = 8
+    stream_decode_steps: int = 1
     max_sampler_snapshots_per_model: int = 4
     max_checkpoint_samplers: int = 16
     sample_kv_budget_tokens: int = 262144
@@ -149,6 +153,9 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.token_budget < 1:
             raise user_error("token_budget", f"must be at least 1, got {self.token_budget}")
+        for name in ("decode_steps_per_cycle", "stream_decode_steps"):
+            if getattr(self, name) < 1:
+                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)

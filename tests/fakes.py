@@ -36,9 +36,16 @@ from loraplex.domain.results import (
     OptimOutcome,
     OptimStepResult,
     SampleOutcome,
+    SampleStep,
     SaveResult,
 )
-from loraplex.domain.sampling import SampledSequence, SampleResult, TopkLogprobs
+from loraplex.domain.sampling import (
+    SampledSequence,
+    SampleResult,
+    SequenceDelta,
+    TopkLogprobs,
+    cancelled_error,
+)
 from loraplex.domain.work import (
     RECORDED_LOGPROBS_KEY,
     ForwardBackwardWork,
@@ -91,6 +98,7 @@ class _Running:
     done: list[str | None]
     prompt_result: tuple[array | None, TopkLogprobs | None] = (None, None)
     max_tokens: int = 16
+    reported: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -316,11 +324,12 @@ class ToyExecutor:
 
     # ---- sampling ------------------------------------------------------------------------
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep:
         self.calls.append(("sample_step", tuple(w.adapter_id for w in admit)))
         self._check_bug(t for w in admit for t in w.prompt)
-        finished: list[SampleOutcome] = []
+        finished: list[SampleOutcome] = [(rid, cancelled_error()) for rid in cancel
+                                         if self._running.pop(rid, None) is not None]
         for work in admit:
             try:
                 self._running[work.request_id] = self._start(work)
@@ -335,7 +344,21 @@ class ToyExecutor:
             if all(d is not None for d in run.done):
                 del self._running[request_id]
                 finished.append((request_id, self._result(run)))
-        return finished
+        return SampleStep(tuple(finished), tuple(self._progress()))
+
+    def _progress(self) -> list[SequenceDelta]:
+        deltas = []
+        for rid, run in self._running.items():
+            if not run.work.stream:
+                continue
+            run.reported += [0] * (len(run.tokens) - len(run.reported))
+            for s, tokens in enumerate(run.tokens):
+                start = run.reported[s]
+                if len(tokens) > start:
+                    deltas.append(SequenceDelta(rid, s, start, array("i", tokens[start:]),
+                                                array("f", run.logprobs[s][start:])))
+                    run.reported[s] = len(tokens)
+        return deltas
 
     def num_running_samples(self) -> int:
         return len(self._running)
@@ -483,11 +506,12 @@ class NoopExecutor(ToyExecutor):
         self._wait()
         return [OptimStepResult({}) for _ in works]
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep:
         self._wait()
         seq = SampledSequence(array("i", [2]), array("f", [0.0]), "length")
-        return [(w.request_id, SampleResult(tuple([seq] * w.num_samples))) for w in admit]
+        return SampleStep(tuple((w.request_id, SampleResult(tuple([seq] * w.num_samples)))
+                                for w in admit))
 
     def _wait(self) -> None:
         if self.delay_s:

@@ -68,7 +68,7 @@ def _echoed(prompt: list[int], result: SampleResult, c: Choice, text: ModelText)
     logprobs: list[float | None] = [None, *(float(x) for x in result.prompt_logprobs[1:])]
     topk = None
     if c.topk is not None or result.topk_prompt_logprobs is not None:
-        rows = (_rows(result.topk_prompt_logprobs, len(prompt))
+        rows = (topk_rows(result.topk_prompt_logprobs, len(prompt))
                 if result.topk_prompt_logprobs is not None else [[] for _ in prompt])
         topk = [None, *rows[1:], *(c.topk or [])]
     return Choice(c.index, [*prompt, *c.tokens], [*text.text_deltas(prompt), *c.pieces],
@@ -85,12 +85,12 @@ def _choice(index: int, seq: SampledSequence, text: ModelText, eos: Sequence[int
     cut = min((at for at in (full.find(s) for s in stops or ()) if at >= 0), default=-1)
     if seq.stop_reason == "stop" and cut >= 0:
         pieces, shown = _clip(pieces, cut)
-    topk = _rows(seq.topk_logprobs, shown) if seq.topk_logprobs is not None else None
+    topk = topk_rows(seq.topk_logprobs, shown) if seq.topk_logprobs is not None else None
     return Choice(index, tokens[:shown], pieces[:shown], list(seq.logprobs[:shown]), topk,
                   topk_k, "stop" if seq.stop_reason == "stop" else "length", len(tokens))
 
 
-def _rows(topk: TopkLogprobs, shown: int) -> list[list[tuple[int, float]] | None]:
+def topk_rows(topk: TopkLogprobs, shown: int) -> list[list[tuple[int, float]] | None]:
     """The flat ``[length, k]`` alternatives as rows, sentinel slots dropped."""
     k = topk.k
     return [[(int(t), float(lp)) for t, lp in zip(topk.token_ids[i * k:(i + 1) * k],
@@ -142,28 +142,56 @@ def _choice_json(kind: Kind, c: Choice, text: ModelText, with_token_ids: bool
 
 def chunks(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText,
            counts: dict[str, int] | None) -> Iterator[dict[str, Any]]:
-    """The stream: per choice a role chunk (chat), one chunk per shown token, a chunk with
-    the finish reason; then the usage chunk when asked for."""
-    obj = "text_completion" if kind == "completion" else "chat.completion.chunk"
+    """The stream of whole choices: per choice a role chunk (chat), one chunk per shown
+    token, a chunk with the finish reason; then the usage chunk when asked for. (A stream
+    sent while sampling sends the same chunks, those of different choices interleaved.)"""
     for c in made:
         if kind == "chat":
-            yield {**head, "object": obj, "choices": [
-                {"index": c.index, "delta": {"role": "assistant", "content": ""},
-                 "logprobs": None, "finish_reason": None}]}
+            yield role_chunk(head, c.index)
+        offset = 0
         for i, piece in enumerate(c.pieces):
-            logprobs = None if c.topk_k is None else _logprobs(kind, c, text, [i])
-            part = {"text": piece} if kind == "completion" else {"delta": {"content": piece}}
-            yield {**head, "object": obj, "choices": [
-                {"index": c.index, **part, "logprobs": logprobs, "finish_reason": None}]}
-        end: dict[str, Any] = {"text": ""} if kind == "completion" else {"delta": {}}
-        yield {**head, "object": obj, "choices": [
-            {"index": c.index, **end, "logprobs": None, "finish_reason": c.finish_reason}]}
+            yield token_chunk(kind, head, c, text, i, offset)
+            offset += len(piece)
+        yield finish_chunk(kind, head, c)
     if counts is not None:
-        yield {**head, "object": obj, "choices": [], "usage": counts}
+        yield usage_chunk(kind, head, counts)
 
 
-def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int]
-              ) -> dict[str, Any]:
+def _object(kind: Kind) -> str:
+    return "text_completion" if kind == "completion" else "chat.completion.chunk"
+
+
+def role_chunk(head: dict[str, Any], index: int) -> dict[str, Any]:
+    """A chat stream's first chunk of a choice."""
+    return {**head, "object": _object("chat"), "choices": [
+        {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+         "finish_reason": None}]}
+
+
+def token_chunk(kind: Kind, head: dict[str, Any], c: Choice, text: ModelText, i: int,
+                offset: int) -> dict[str, Any]:
+    """The chunk of ``c``'s shown token ``i`` (``c`` holds at least its first ``i + 1``),
+    whose text starts at ``offset`` of the choice's text."""
+    piece = c.pieces[i]
+    logprobs = None if c.topk_k is None else _logprobs(kind, c, text, [i], offset)
+    part = {"text": piece} if kind == "completion" else {"delta": {"content": piece}}
+    return {**head, "object": _object(kind), "choices": [
+        {"index": c.index, **part, "logprobs": logprobs, "finish_reason": None}]}
+
+
+def finish_chunk(kind: Kind, head: dict[str, Any], c: Choice) -> dict[str, Any]:
+    end: dict[str, Any] = {"text": ""} if kind == "completion" else {"delta": {}}
+    return {**head, "object": _object(kind), "choices": [
+        {"index": c.index, **end, "logprobs": None, "finish_reason": c.finish_reason}]}
+
+
+def usage_chunk(kind: Kind, head: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    return {**head, "object": _object(kind), "choices": [], "usage": counts}
+
+
+def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int],
+              offset: int = 0) -> dict[str, Any]:
+    """The logprobs of ``positions`` (consecutive; the first one's text starts at ``offset``)."""
     alternatives = [None if c.topk is not None and c.topk[i] is None
                     else [] if c.topk is None else (c.topk[i] or [])[:c.topk_k]
                     for i in positions]
@@ -172,7 +200,7 @@ def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int]
                     "top_logprobs": [_entry(text, t, lp) for t, lp in alts or []]}
                    for i, alts in zip(positions, alternatives, strict=True)]
         return {"content": content, "refusal": None}
-    offsets, at = [], sum(len(p) for p in c.pieces[:positions[0]]) if positions else 0
+    offsets, at = [], offset
     for i in positions:
         offsets.append(at)
         at += len(c.pieces[i])

@@ -51,6 +51,8 @@ class _SamplingFields(BaseModel):
     user: str | None = None
     return_token_ids: bool = False
     """vLLM's extension: each choice also carries its ``token_ids``."""
+    ignore_eos: bool = False
+    """vLLM's extension: sample past EOS (stop strings still apply)."""
 
     def stop_strings(self) -> list[str] | None:
         """None: stop at EOS only; otherwise these strings, then EOS. Any number of them, as

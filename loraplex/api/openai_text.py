@@ -134,21 +134,43 @@ class ModelText:
     def text_deltas(self, tokens: Sequence[int]) -> list[str]:
         """One text piece per token whose concatenation is the decoded completion; a token
         that ends mid-character gets ``""`` and its text arrives with the token completing it
-        (vLLM's incremental detokenization, prefix and read offsets)."""
-        deltas: list[str] = []
-        prefix_at = read_at = 0
-        for i in range(len(tokens)):
-            prefix = self.decode(tokens[prefix_at:read_at])
-            text = self.decode(tokens[prefix_at:i + 1])
-            if len(text) > len(prefix) and not text.endswith(HOLD):
-                deltas.append(text[len(prefix):])
-                prefix_at, read_at = read_at, i + 1
-            else:
-                deltas.append("")
-        if deltas and read_at < len(tokens):  # a completion cut mid-character: flush it
-            prefix = self.decode(tokens[prefix_at:read_at])
-            deltas[-1] = self.decode(tokens[prefix_at:])[len(prefix):]
+        (`TextDeltas`); the last token carries whatever is still held."""
+        stream = TextDeltas(self)
+        deltas = [stream.push(token) for token in tokens]
+        if deltas and stream.num_committed < len(tokens):  # cut mid-character: flush it
+            deltas[-1] = stream.flush()
         return deltas
+
+
+class TextDeltas:
+    """Incremental detokenization (vLLM's prefix and read offsets): `push` one token at a time
+    and get the text it adds. A token that ends mid-character adds ``""``; its text arrives
+    with the token that completes it. Each piece depends only on the tokens pushed so far."""
+
+    def __init__(self, text: ModelText) -> None:
+        self._text = text
+        self._tokens: list[int] = []
+        self._prefix_at = self._read_at = 0
+
+    @property
+    def num_committed(self) -> int:
+        """Leading tokens whose text is final (the rest are held mid-character)."""
+        return self._read_at
+
+    def push(self, token: int) -> str:
+        self._tokens.append(token)
+        prefix = self._text.decode(self._tokens[self._prefix_at:self._read_at])
+        text = self._text.decode(self._tokens[self._prefix_at:])
+        if len(text) > len(prefix) and not text.endswith(HOLD):
+            self._prefix_at, self._read_at = self._read_at, len(self._tokens)
+            return text[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """The held text (replacement characters for an incomplete one) the pieces since the
+        last committed token did not carry."""
+        prefix = self._text.decode(self._tokens[self._prefix_at:self._read_at])
+        return self._text.decode(self._tokens[self._prefix_at:])[len(prefix):]
 
 
 def _raise_template_error(message: str) -> None:

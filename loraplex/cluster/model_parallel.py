@@ -31,7 +31,7 @@ from loraplex.domain.results import (
     LoadResult,
     OptimOutcome,
     PreparedAdapter,
-    SampleOutcome,
+    SampleStep,
     SaveResult,
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
@@ -129,9 +129,10 @@ class ModelParallelGroup:
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
         self._all("snapshot_adapter", src_adapter_id, dst_adapter_id)
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
-        return list(self._all("sample_step", list(admit), max_decode_steps))
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep:
+        step: SampleStep = self._all("sample_step", list(admit), max_decode_steps, list(cancel))
+        return step
 
     def num_running_samples(self) -> int:
         return int(self._all("num_running_samples"))

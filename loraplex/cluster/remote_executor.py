@@ -23,7 +23,7 @@ from loraplex.domain.results import (
     LoadResult,
     OptimOutcome,
     PreparedAdapter,
-    SampleOutcome,
+    SampleStep,
     SaveResult,
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
@@ -83,9 +83,10 @@ class RemoteExecutor:
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
         self._call("snapshot_adapter", src_adapter_id, dst_adapter_id)
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
-        return list(self._call("sample_step", list(admit), max_decode_steps))
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep:
+        return _typed(self._call("sample_step", list(admit), max_decode_steps, list(cancel)),
+                      SampleStep)
 
     def num_running_samples(self) -> int:
         return int(self._call("num_running_samples"))

@@ -30,7 +30,7 @@ from loraplex.domain.results import (
     LoadResult,
     OptimOutcome,
     PreparedAdapter,
-    SampleOutcome,
+    SampleStep,
     SaveResult,
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
@@ -150,9 +150,9 @@ class EngineWorker:
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> Raised | None:
         return _value(lambda: self._engine.snapshot_adapter(src_adapter_id, dst_adapter_id))
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome] | Raised:
-        return _value(lambda: self._engine.sample_step(admit, max_decode_steps))
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep | Raised:
+        return _value(lambda: self._engine.sample_step(admit, max_decode_steps, cancel))
 
     def num_running_samples(self) -> int | Raised:
         return _value(self._engine.num_running_samples)

@@ -290,11 +290,13 @@ class ControlPlan:
 
 @dataclass(frozen=True)
 class SamplePlan:
-    """One continuous-batching step: admit new requests, decode every running sequence."""
+    """One continuous-batching step: drop the cancelled requests (``cancel``: request ids whose
+    client went away), admit new requests, decode every running sequence."""
 
     admit: tuple[WorkItem, ...]
     max_decode_steps: int
     start: PlanStart = PlanStart()
+    cancel: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loraplex.domain.lora import LoraConfig
-from loraplex.domain.sampling import SampleResult
+from loraplex.domain.sampling import SampleResult, SequenceDelta
 from loraplex.errors import LoraplexError
 
 
@@ -63,6 +63,19 @@ FwdBwdOutcome = ForwardBackwardResult | LoraplexError
 OptimOutcome = OptimStepResult | LoraplexError
 SampleOutcome = tuple[str, SampleResult | LoraplexError]
 """``(request_id, outcome)`` of a finished sample request."""
+
+
+@dataclass(frozen=True)
+class SampleStep:
+    """What one `sample_step` call returns.
+
+    Attributes:
+        finished: the requests that finished (or failed, or were cancelled), in any order.
+        progress: new tokens of the streamed requests still running.
+    """
+
+    finished: tuple[SampleOutcome, ...] = ()
+    progress: tuple[SequenceDelta, ...] = ()
 
 
 class PreparedAdapter(Protocol):

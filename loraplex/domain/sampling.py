@@ -7,7 +7,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Literal
 
-from loraplex.errors import user_error
+from loraplex.errors import UserError, user_error
 
 StopReason = Literal["stop", "length"]
 MAX_INT32 = 2**31 - 1
@@ -132,3 +132,30 @@ class SampleResult:
     topk_prompt_logprobs: TopkLogprobs | None = None
     prompt_cache_hit_tokens: int = 0
     prompt_alt_tokens: PromptAltTokens | None = None
+
+
+def cancelled_error() -> UserError:
+    """What a cancelled sample request finishes with (its client stopped reading)."""
+    return UserError("cancelled: the client stopped reading the stream")
+
+
+@dataclass(frozen=True)
+class SequenceDelta:
+    """Completion tokens one running sequence of a streamed request gained since it last
+    reported: completion positions ``start .. start + len(tokens) - 1``. Tokens, once sampled,
+    never change (a preempted sequence keeps them), so deltas only append.
+
+    Attributes:
+        request_id: the request's future.
+        index: the sample within the request.
+        start: completion position of ``tokens[0]``.
+        tokens, logprobs: typecodes ``i`` and ``f``, as in `SampledSequence`.
+        topk_logprobs: the alternatives of those positions, when asked.
+    """
+
+    request_id: str
+    index: int
+    start: int
+    tokens: array
+    logprobs: array
+    topk_logprobs: TopkLogprobs | None = None

@@ -108,6 +108,8 @@ class SampleWork:
         prompt_logprobs_last_n: only the last n prompt positions are scored.
         prompt_alt_tokens_k: draws per prompt position after the first (0: off), from the
             distribution the sampler draws from (every position; ``last_n`` does not apply).
+        stream: report completion tokens while the request runs (`SequenceDelta`s after every
+            `sample_step`), not only when it finishes.
     """
 
     request_id: str
@@ -121,3 +123,4 @@ class SampleWork:
     topk_sample_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
     prompt_alt_tokens_k: int = 0
+    stream: bool = False

@@ -30,8 +30,10 @@ from loraplex.domain.results import (
     OptimOutcome,
     PreparedAdapter,
     SampleOutcome,
+    SampleStep,
     SaveResult,
 )
+from loraplex.domain.sampling import cancelled_error
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
 from loraplex.engine.group_checkpoint import AdapterShare
@@ -241,15 +243,18 @@ class Engine:
 
     # ---- sampling ----------------------------------------------------------------------------
 
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int
-                    ) -> list[SampleOutcome]:
-        """Load the admitted requests' missing adapters (`ensure_adapter`), page in theirs and
-        the running requests' adapters, then step the sampler with the requests whose adapter
-        is ready. A request whose adapter cannot be loaded fails alone with that error."""
+    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
+                    cancel: Sequence[str] = ()) -> SampleStep:
+        """Cancel ``cancel``, load the admitted requests' missing adapters (`ensure_adapter`),
+        page in theirs and the running requests' adapters, then step the sampler with the
+        requests whose adapter is ready. A request whose adapter cannot be loaded fails alone
+        with that error."""
+        cancelled = self.sampler.cancel(cancel, cancelled_error()) if cancel else []
         ready, failed = self._with_loaded_adapters(admit)
         needed = [w.adapter_id for w in ready if w.adapter_id is not None]
         with self._resident([*needed, *self.sampler.adapter_ids()]):
-            return [*failed, *self.sampler.step(ready, max_decode_steps)]
+            finished = self.sampler.step(ready, max_decode_steps)
+        return SampleStep((*cancelled, *failed, *finished), tuple(self.sampler.progress()))
 
     def num_running_samples(self) -> int:
         return 0 if self._sampler is None else self._sampler.num_running()

@@ -23,7 +23,7 @@ from loraplex.domain.results import (
     LoadResult,
     OptimOutcome,
     PreparedAdapter,
-    SampleOutcome,
+    SampleStep,
     SaveResult,
 )
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SampleWork, SaveWork
@@ -82,11 +82,13 @@ class BatchExecutor(Protocol):
         ...
 
     def sample_step(
-        self, admit: Sequence[SampleWork], max_decode_steps: int
-    ) -> list[SampleOutcome]:
-        """Continuous batching: admit new requests (prefill), decode up to ``max_decode_steps``
-        steps for every running sequence, and return the requests that finished (with their
-        request ids), in any order. Requests that stay unfinished keep running next call.
+        self, admit: Sequence[SampleWork], max_decode_steps: int, cancel: Sequence[str] = ()
+    ) -> SampleStep:
+        """Continuous batching: drop the running requests named in ``cancel`` (their KV pages
+        freed; they finish with a user error), admit new requests (prefill), decode up to
+        ``max_decode_steps`` steps for every running sequence, and return the requests that
+        finished (with their request ids), in any order, and the new tokens of the streamed
+        requests that still run. Requests that stay unfinished keep running next call.
         Admitted requests' adapters are resident (the scheduler installs them first)."""
         ...
 

@@ -1,10 +1,11 @@
 """The future store: request_id → pending | done | failed, and wake-ups for long-polls.
 
-Submits create entries; the clock loop resolves them; retrieve_future reads them. Waiters are
-plain callables invoked (outside the lock) when an entry completes: the HTTP layer passes
-``loop.call_soon_threadsafe(event.set)``, so a long-poll wakes the moment its op finishes,
-without sleep-polling. Entries stay until fetched (plus a short grace for a lost response) or
-until their TTL; the optional journal records them durably.
+Submits create entries; the clock loop resolves them; retrieve_future reads them. A streamed
+sample's entry also collects its new tokens while it runs (`add_progress`, `take_progress`).
+Waiters are plain callables invoked (outside the lock) when an entry completes or gains tokens:
+the HTTP layer passes ``loop.call_soon_threadsafe(event.set)``, so a long-poll wakes the moment
+its op finishes, without sleep-polling. Entries stay until fetched (plus a short grace for a
+lost response) or until their TTL; the optional journal records them durably.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -27,6 +28,7 @@ from loraplex.domain.ops import (
     WeightsLoaded,
 )
 from loraplex.domain.results import ForwardBackwardResult, OptimStepResult
+from loraplex.domain.sampling import SequenceDelta
 from loraplex.errors import CapacityError, LoraplexError, NotFoundError, ServerError, UserError
 from loraplex.store.futures import FutureJournal
 
@@ -49,6 +51,8 @@ class FutureEntry:
     fetched_at: float | None = None
     size_bytes: int = 0
     waiters: list[Callable[[], None]] = field(default_factory=list)
+    progress: list[SequenceDelta] = field(default_factory=list)
+    progress_waiters: list[Callable[[], None]] = field(default_factory=list)
 
 
 class FutureStore:
@@ -116,26 +120,56 @@ class FutureStore:
             return FutureEntry(request_id, tenant, lost.kind, 0.0, True, None, error)  # type: ignore[arg-type]
         raise NotFoundError(f"request_id: no request {request_id!r}", field="request_id")
 
-    def subscribe(self, request_id: str, notify: Callable[[], None]) -> Callable[[], None]:
-        """Call ``notify`` once the future completes (at once if it already has); returns an
+    def subscribe(self, request_id: str, notify: Callable[[], None],
+                  progress: bool = False) -> Callable[[], None]:
+        """Call ``notify`` once the future completes (at once if it already has) and, with
+        ``progress``, whenever it gains streamed tokens (at once if it holds some); returns an
         unsubscribe function."""
         with self._lock:
             entry = self._entries.get(request_id)
+            lists = []
             if entry is not None and not entry.is_done:
-                entry.waiters.append(notify)
-                waiters = entry.waiters
-            else:
-                waiters = None
-        if waiters is None:
+                lists.append(entry.waiters)
+                if progress:
+                    lists.append(entry.progress_waiters)
+                for waiters in lists:
+                    waiters.append(notify)
+            now = entry is None or entry.is_done or (progress and bool(entry.progress))
+        if now:
             notify()
-            return lambda: None
 
         def unsubscribe() -> None:
             with self._lock:
-                if notify in waiters:
-                    waiters.remove(notify)
+                for waiters in lists:
+                    if notify in waiters:
+                        waiters.remove(notify)
 
         return unsubscribe
+
+    def add_progress(self, deltas: Sequence[SequenceDelta]) -> None:
+        """New tokens of streamed samples that still run: kept on their futures until
+        `take_progress`; their progress waiters are woken (and stay subscribed)."""
+        if not deltas:
+            return
+        woken: list[Callable[[], None]] = []
+        with self._lock:
+            for delta in deltas:
+                entry = self._entries.get(delta.request_id)
+                if entry is not None and not entry.is_done:
+                    entry.progress.append(delta)
+                    woken += entry.progress_waiters
+        for notify in dict.fromkeys(woken):
+            notify()
+
+    def take_progress(self, request_id: str, tenant: str) -> list[SequenceDelta]:
+        """The tokens the tenant's streamed sample gained since the last call (none once it is
+        done: its result holds them all)."""
+        with self._lock:
+            entry = self._entries.get(request_id)
+            if entry is None or entry.tenant != tenant:
+                return []
+            taken, entry.progress = entry.progress, []
+            return taken
 
     def mark_fetched(self, request_id: str) -> None:
         with self._lock:
@@ -174,6 +208,7 @@ class FutureStore:
             if entry is None or entry.is_done:
                 return
             entry.is_done, entry.result, entry.error = True, result, error
+            entry.progress, entry.progress_waiters = [], []
             entry.completed_at = self._clock()
             entry.size_bytes = (len(error.message) if error is not None
                                 else result_nbytes(result))

@@ -150,6 +150,12 @@ class Lanes:
                         del self._owner[item.model_id or ""]
             raise
 
+    def cancel_sample(self, request_id: str) -> None:
+        """Drop a sample whose client went away, on whichever lane holds it."""
+        for scheduler in self.all_schedulers():
+            if scheduler.cancel_sample(request_id):
+                return
+
     def previous_admission(self, model_id: str, seq_id: int) -> Admitted | None:
         lane = self._owned(model_id)
         return None if lane is None else lane.scheduler.previous_admission(model_id, seq_id)

@@ -33,6 +33,7 @@ from loraplex.domain.ops import (
     WorkItem,
 )
 from loraplex.domain.results import AdapterReady, ItemOutcome
+from loraplex.domain.sampling import SequenceDelta
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
 from loraplex.errors import LoraplexError, ServerError, WorkerLostError, server_bug
 from loraplex.scheduler.executor import BatchExecutor
@@ -53,6 +54,7 @@ class PlanOutcome:
             (None when the call worked; a cycle's failed calls fail their own items instead).
         lost: the engine worker died during the plan: nothing of it may be trusted, and the
             scheduler hands every item it holds to whoever moves its runs elsewhere.
+        progress: new tokens of streamed samples still running (a sample plan's).
     """
 
     outcomes: dict[str, ItemOutcome] = field(default_factory=dict)
@@ -62,6 +64,7 @@ class PlanOutcome:
     optim_s: float = 0.0
     bug: ServerError | None = None
     lost: WorkerLostError | None = None
+    progress: tuple[SequenceDelta, ...] = ()
 
 
 def run_plan(executor: BatchExecutor, plan: Plan) -> PlanOutcome:
@@ -85,8 +88,10 @@ def _dispatch(executor: BatchExecutor, plan: Plan, out: PlanOutcome) -> None:
             out.outcomes[plan.item.request_id] = _control(executor, plan.item)
         case SamplePlan():
             admit = [sample_work(it) for it in plan.admit]
-            for request_id, outcome in executor.sample_step(admit, plan.max_decode_steps):
+            step = executor.sample_step(admit, plan.max_decode_steps, plan.cancel)
+            for request_id, outcome in step.finished:
                 out.outcomes[request_id] = outcome
+            out.progress = step.progress
         case InstallPlan():
             _install(executor, plan, out)
         case ExpirePlan():

@@ -129,6 +129,13 @@ class SampleQueue:
     def running_ids(self) -> list[str]:
         return list(self._running)
 
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._running
+
+    def any_streaming(self) -> bool:
+        """Whether a running request streams its tokens."""
+        return any(sample_op(it).work.stream for it in self._running.values())
+
 
 def _num_sequences(item: WorkItem) -> int:
     return max(1, sample_op(item).work.num_samples)

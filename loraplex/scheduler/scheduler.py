@@ -64,6 +64,7 @@ from loraplex.domain.ops import (
     does_file_work,
     new_run_of,
 )
+from loraplex.domain.sampling import cancelled_error
 from loraplex.domain.work import LoadWork
 from loraplex.errors import (
     CapacityError,
@@ -128,6 +129,7 @@ class Scheduler:
         self._last_training = "control"
         self._installs: list[Install] = []
         self._reading: set[str] = set()  # sampler adapters being read or waiting to install
+        self._cancelled: set[str] = set()  # running samples to drop at the next sample step
         self._jobs: list[Job] = []  # IO jobs to submit once the lock is released
         self.lost: WorkerLostError | None = None  # the worker died: hand everything over
         self._lost_plan: Plan | None = None
@@ -420,7 +422,27 @@ class Scheduler:
         admit = self._samples.admit(self._is_ready)
         for item in admit:
             self.residency.admit(sample_op(item))
-        return SamplePlan(tuple(admit), self.config.decode_steps_per_cycle)
+        cancel, self._cancelled = tuple(sorted(self._cancelled)), set()
+        steps = self.config.decode_steps_per_cycle
+        if self._samples.any_streaming():
+            steps = min(steps, self.config.stream_decode_steps)
+        return SamplePlan(tuple(admit), steps, cancel=cancel)
+
+    def cancel_sample(self, request_id: str) -> bool:
+        """The client went away: a waiting sample leaves the queue (its future fails), a
+        running one is dropped by the next sample step (its KV pages freed). Returns whether
+        the request was found here (still waiting or running)."""
+        with self._lock:
+            taken = self._samples.take_waiting(lambda it: it.request_id == request_id)
+            for item in taken:
+                self.op_done(item.tenant)
+            running = self._samples.is_running(request_id)
+            if running:
+                self._cancelled.add(request_id)
+                self.notify_locked()
+        self.usage.add([self._done.deliver(Finished(it, cancelled_error(), 0.0,
+                                                    sample_op(it).base_model)) for it in taken])
+        return bool(taken) or running
 
     def complete(self, plan: Plan, outcome: PlanOutcome) -> None:
         """Apply the outcome of ``plan``: effects, futures, queue advance, usage, metrics. If
@@ -431,6 +453,7 @@ class Scheduler:
                 self.notify_locked()
             return
         began = time.perf_counter()
+        self.futures.add_progress(outcome.progress)
         finished = self._done.finish_plan(plan, outcome)
         usage = [self._done.deliver(f) for f in finished]
         self.usage.add(usage)

@@ -6,6 +6,7 @@ seed and parameters → the same tokens and logprobs) and transformers' tokenize
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -265,3 +266,84 @@ def test_a_bad_prompt_of_several_queues_none_of_them(server: Server,
             model=MODEL, prompt=[[1, 2, 3], [1, vocab]], max_tokens=400, temperature=1.0)
     assert bad.value.param == "prompt[1][1]"
     assert server.ctx.futures.num_pending() == before
+
+
+def _engine(server: Server) -> Any:
+    return server.ctx.catalog.get(MODEL).lanes.schedulers()[0][1].executor
+
+
+def test_streamed_tokens_and_logprobs_are_the_unstreamed_ones(
+        server: Server, new_key: Callable[[], str]) -> None:
+    """Two prompts × n=2 with top-2 logprobs and a stop string: per choice, the streamed text,
+    tokens, logprobs and alternatives joined are the whole response's, bitwise (chat too)."""
+    oai = client(server, new_key())
+    kwargs: dict[str, Any] = dict(model=MODEL, prompt=["Once upon", "The cat"], n=2,
+                                  max_tokens=40, temperature=0.9, seed=11, logprobs=2,
+                                  stop=["zq", " the"])
+    whole = oai.completions.create(**kwargs)
+    got: dict[int, dict[str, list[Any]]] = {}
+    for chunk in oai.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            mine = got.setdefault(c.index, {"text": [], "tokens": [], "lps": [], "top": [],
+                                            "finish": []})
+            mine["text"].append(c.text)
+            mine["finish"].append(c.finish_reason)
+            if c.logprobs is not None:
+                mine["tokens"] += c.logprobs.tokens
+                mine["lps"] += c.logprobs.token_logprobs
+                mine["top"] += c.logprobs.top_logprobs
+    assert sorted(got) == [0, 1, 2, 3]
+    for c in whole.choices:
+        mine = got[c.index]
+        assert "".join(mine["text"]) == c.text
+        assert mine["tokens"] == c.logprobs.tokens and mine["lps"] == c.logprobs.token_logprobs
+        assert mine["top"] == c.logprobs.top_logprobs
+        assert [f for f in mine["finish"] if f] == [c.finish_reason]
+    chat: dict[str, Any] = dict(model=MODEL, messages=MESSAGES, max_tokens=30, seed=3,
+                                logprobs=True, top_logprobs=2)
+    one = oai.chat.completions.create(**chat).choices[0]
+    pieces, entries = [], []
+    for chunk in oai.chat.completions.create(**chat, stream=True):
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            entries += c.logprobs.content if c.logprobs is not None else []
+    assert "".join(pieces) == one.message.content
+    assert [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs])
+            for e in entries] == [(e.token, e.logprob, [(a.token, a.logprob)
+                                                        for a in e.top_logprobs])
+                                  for e in one.logprobs.content]
+
+
+def test_first_tokens_arrive_while_sampling_and_a_closed_stream_frees_its_pages(
+        server: Server, new_key: Callable[[], str]) -> None:
+    """The first streamed chunk comes while the request still samples; closing the stream
+    cancels it: the engine drops it and its KV pages are free again."""
+    engine = _engine(server)
+    oai = client(server, new_key())
+    free = engine.sampler.pool.num_free
+    stream = oai.completions.create(model=MODEL, prompt="A long story:", max_tokens=400,
+                                    temperature=1.0, seed=5, stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].finish_reason is None
+    assert engine.num_running_samples() == 1, "tokens leave before the completion is done"
+    assert engine.sampler.pool.num_free < free
+    decoded = engine.sampler.stats.decode_tokens
+    stream.close()
+    deadline = time.monotonic() + 30
+    while engine.num_running_samples() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.num_running_samples() == 0 and engine.sampler.pool.num_free == free
+    assert engine.sampler.stats.decode_tokens - decoded < 200, "dropped, not run to the end"
+
+
+def test_ignore_eos_keeps_the_stop_strings_and_drops_eos(server: Server) -> None:
+    from loraplex.api.routes.sampling import base_sampler, prepare_sample, sample_request
+
+    params = types.SamplingParams(max_tokens=5, stop=["x", "yz"])
+    body = sample_request([2, 3, 4], 1, params, 0)
+    sampler = base_sampler(server.ctx, "tenant-eos", MODEL, "model")
+    plain = prepare_sample(server.ctx, "tenant-eos", body, sampler).item.op.work.params.stop
+    ignored = prepare_sample(server.ctx, "tenant-eos", body, sampler,
+                             ignore_eos=True).item.op.work.params.stop  # type: ignore[union-attr]
+    assert plain.use_eos and not ignored.use_eos  # type: ignore[union-attr]
+    assert ignored.strings == plain.strings == ("x", "yz")  # type: ignore[union-attr]

@@ -88,9 +88,9 @@ def test_samples_equal_one_devices_and_ignore_their_batch(
              for i in range(61)]
 
     def run(executor: Any, admit: list[Any]) -> dict[str, Any]:
-        out = dict(executor.sample_step(admit, 64))
+        out = dict(executor.sample_step(admit, 64).finished)
         while executor.num_running_samples():
-            out.update(executor.sample_step([], 64))
+            out.update(executor.sample_step([], 64).finished)
         return out
 
     alone = run(group, [target])["t"]

@@ -104,7 +104,7 @@ def test_sample_step_loads_sampler_adapters_and_a_failed_load_fails_its_request_
                request("loads", "s4", str(tmp_path / "ckpt"))]
     outcomes = {}
     while pending or engine.num_running_samples():
-        outcomes.update(engine.sample_step(pending, 4))
+        outcomes.update(engine.sample_step(pending, 4).finished)
         pending = []
     assert isinstance(outcomes["no-dir"], NotFoundError)
     assert isinstance(outcomes["bad-dir"], UserError) and outcomes["bad-dir"].field == "path"

@@ -53,9 +53,9 @@ class MortalToy(ToyExecutor):
         self._alive()
         return super().optim_step(works)
 
-    def sample_step(self, admit, max_decode_steps):  # type: ignore[no-untyped-def]
+    def sample_step(self, admit, max_decode_steps, cancel=()):  # type: ignore[no-untyped-def]
         self._alive()
-        return super().sample_step(admit, max_decode_steps)
+        return super().sample_step(admit, max_decode_steps, cancel)
 
     def read_checkpoint(self, work):  # type: ignore[no-untyped-def]
         self.reading.set()

@@ -123,3 +123,54 @@ def test_a_huge_max_tokens_reserves_no_more_than_the_context_holds(
     assert isinstance(plan, SamplePlan)
     assert {it.request_id for it in plan.admit} == {greedy.request_id, small.request_id}, \
         "clamped to prompt + 2 × (context - prompt), both fit: bob does not wait"
+
+
+def test_streamed_tokens_reach_the_future_while_it_runs(toy: ToyExecutor, stores: Stores
+                                                        ) -> None:
+    """A streamed request's plans decode ``stream_decode_steps`` at a time and each one's new
+    tokens wait on its future (and wake a progress waiter), joined equal to the result."""
+    s = make_scheduler(toy, stores, decode_steps_per_cycle=8, stream_decode_steps=2)
+    plain, streamed = sample([2, 3], max_tokens=10), sample([4, 5], max_tokens=10, stream=True)
+    s.submit(plain)
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan) and plan.max_decode_steps == 8
+    s.complete(plan, run_plan(toy, plan))
+    s.submit(streamed)
+    woken: list[int] = []
+    s.futures.subscribe(streamed.request_id, lambda: woken.append(1), progress=True)
+    tokens: list[int] = []
+    while (plan := s.plan()) is not None:
+        assert isinstance(plan, SamplePlan) and plan.max_decode_steps == 2
+        s.complete(plan, run_plan(toy, plan))
+        for delta in s.futures.take_progress(streamed.request_id, "alice"):
+            assert delta.start == len(tokens)
+            tokens += delta.tokens
+    assert s.futures.take_progress(streamed.request_id, "bob") == []
+    entry = s.futures.get(streamed.request_id, "alice")
+    assert entry.is_done and entry.error is None
+    final = list(entry.result.result.sequences[0].tokens)  # type: ignore[union-attr]
+    assert 0 < len(tokens) < len(final) and tokens == final[:len(tokens)]
+    assert len(woken) >= 2
+
+
+def test_cancelled_samples_leave_the_queue_and_the_engine(toy: ToyExecutor, stores: Stores
+                                                          ) -> None:
+    s = make_scheduler(toy, stores, sample_kv_budget_tokens=12, decode_steps_per_cycle=1)
+    running, waiting = sample([2, 3], max_tokens=10, stream=True), sample([4, 5], max_tokens=9)
+    s.submit(running)
+    s.submit(waiting)  # 12 + 11 KV tokens: it waits behind the first
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan) and [it.request_id for it in plan.admit] == [
+        running.request_id]
+    s.complete(plan, run_plan(toy, plan))
+    assert s.cancel_sample(waiting.request_id) and s.cancel_sample(running.request_id)
+    assert not s.cancel_sample("nobody")
+    gone = s.futures.get(waiting.request_id, "alice")
+    assert gone.is_done and gone.error is not None and "cancelled" in gone.error.message
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan) and plan.cancel == (running.request_id,)
+    s.complete(plan, run_plan(toy, plan))
+    entry = s.futures.get(running.request_id, "alice")
+    assert entry.is_done and entry.error is not None and "cancelled" in entry.error.message
+    assert toy.num_running_samples() == 0 and s.plan() is None
+    assert s._samples.num_reserved == 0 and s._inflight["alice"] == 0

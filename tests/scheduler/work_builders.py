@@ -89,10 +89,11 @@ def optim(model_id: str, seq: int, tenant: str = "alice", lr: float = 0.1) -> Wo
 
 def sample(prompt: list[int], tenant: str = "alice", adapter_id: str | None = None,
            max_tokens: int = 6, num_samples: int = 1, key: tuple[str, int] | None = None,
-           source: str = "base", model_id: str | None = None) -> WorkItem:
+           source: str = "base", model_id: str | None = None, stream: bool = False
+           ) -> WorkItem:
     request_id = rid()
     work = SampleWork(request_id, adapter_id, None, array("q", prompt), num_samples,
-                      SamplingParams(max_tokens=max_tokens, seed=7))
+                      SamplingParams(max_tokens=max_tokens, seed=7), stream=stream)
     ids = tuple(f"{request_id}:{i}" for i in range(num_samples))
     return WorkItem(request_id, tenant, "Sample",
                     SampleOp(work, ids, source=source, model_id=model_id),  # type: ignore[arg-type]

@@ -6,8 +6,11 @@ tokenized with the served model's tokenizer (chat: its chat template); each prom
 through `sampling.submit_sample`, the path Tinker's ``asample`` takes, so the same seed and
 parameters give the same tokens and logprobs, metered as samples. ``echo`` asks the same
 sample for its prompt logprobs (the bits `compute_logprobs` returns) and shows the prompt
-first. ``stream`` answers server-sent events ending in ``data: [DONE]``; the engine returns a
-completion whole, so the events of a completion are sent once it is sampled, one per token.
+first. ``stream`` answers server-sent events ending in ``data: [DONE]``, sent while the sampler
+runs (`ChoiceStream`: the chunks a whole result would have, each once nothing later can change
+it); a client that stops reading cancels its requests, which frees their KV pages. The response
+starts with the first tokens (or the error, as an HTTP error, of a request that fails first);
+a failure after that is an ``error`` event. An ``echo`` stream is sent once sampled.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +44,10 @@ from loraplex.api.routes.sampling import (
     sample_request,
     session_sampler,
 )
+from loraplex.api.sample_stream import StreamFeed, StreamShape, finished_sample
 from loraplex.domain.ids import TINKER_SCHEME, TinkerPath
-from loraplex.domain.ops import Sampled
 from loraplex.domain.sampling import SampleResult
-from loraplex.errors import NotFoundError, ServerError, user_error
+from loraplex.errors import NotFoundError, user_error
 from loraplex.scheduler.catalog import ServedModel
 from loraplex.store.samplers import SamplerRecord
 
@@ -131,6 +134,7 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
     stops = body.stop_strings()
     params = sdk.SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stops)
+    streamed = body.stream and not echo
     prepared = []
     for i, tokens in enumerate(prompts):  # every prompt checked before any is queued
         field = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
@@ -138,20 +142,26 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
             raise user_error(field, "empty prompt")
         check_tokens(tokens, target.served.info, field)
         sample = sample_request(tokens, body.n, params, topk or 0, echo)
-        prepared.append(prepare_sample(ctx, tenant, sample, target.sampler))
+        prepared.append(prepare_sample(ctx, tenant, sample, target.sampler, streamed,
+                                       body.ignore_eos))
     # all queued before any is awaited, so they can share a batch
     request_ids = [admit_sample(p).request_id for p in prepared]
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": body.model}
+    if streamed:
+        feed = StreamFeed(ctx, tenant, StreamShape(kind, head, body.n, stops, topk,
+                                                   body.include_usage_chunk),
+                          request_ids, target.text, target.served, [len(p) for p in prompts])
+        return StreamingResponse(_events(await feed.start()), media_type="text/event-stream")
     results = [await _result(ctx, tenant, rid) for rid in request_ids]
     made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,
                                  stops, topk, prompts if echo else None)
     counts = openai_render.usage([len(p) for p in prompts], body.n, made)
-    prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": body.model}
     if body.stream:
         chunks = openai_render.chunks(kind, head, made, target.text,
                                       counts if body.include_usage_chunk else None)
-        return StreamingResponse(_events(chunks), media_type="text/event-stream")
+        return StreamingResponse(_events(_whole(chunks)), media_type="text/event-stream")
     return JSONResponse(openai_render.body(kind, head, made, target.text, counts,
                                            body.return_token_ids))
 
@@ -163,15 +173,15 @@ async def _result(ctx: ServerContext, tenant: str, request_id: str) -> SampleRes
     while not entry.is_done:
         await wait_until_done(ctx.futures, request_id, ctx.config.long_poll_s)
         entry = ctx.futures.get(request_id, tenant)
-    ctx.futures.mark_fetched(request_id)
-    if entry.error is not None:
-        raise entry.error.detached()
-    if not isinstance(entry.result, Sampled):
-        raise ServerError(f"future {request_id} holds no sample")
-    return entry.result.result
+    return finished_sample(ctx.futures, entry)
 
 
-async def _events(chunks: Any) -> AsyncIterator[str]:
+async def _whole(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
     for chunk in chunks:
+        yield chunk
+
+
+async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    async for chunk in chunks:
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"

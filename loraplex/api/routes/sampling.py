@@ -115,9 +115,11 @@ class PreparedSample:
 
 
 def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
-                   sampler: SamplerRecord) -> PreparedSample:
+                   sampler: SamplerRecord, stream: bool = False, ignore_eos: bool = False
+                   ) -> PreparedSample:
     """Everything `submit_sample` checks, without queueing: a request of several prompts
-    checks them all before it queues any.
+    checks them all before it queues any. ``stream``: its tokens are reported while it runs
+    (`FutureStore.take_progress`); ``ignore_eos``: EOS does not stop it (stop strings do).
 
     Raises:
         UserError: a bad field.
@@ -125,6 +127,8 @@ def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
     served = ctx.catalog.get(sampler.base_model)
     request_id = new_request_id()
     work = _sample_work(body, served, sampler, request_id)
+    stop = replace(work.params.stop, use_eos=work.params.stop.use_eos and not ignore_eos)
+    work = replace(work, stream=stream, params=replace(work.params, stop=stop))
     sequence_ids = tuple(f"{request_id}:{i}" for i in range(body.num_samples))
     key = ((sampler.sampler_id, body.seq_id)
            if body.seq_id is not None and body.sampling_session_id is not None else None)

@@ -26,7 +26,7 @@ import torch
 
 from loraplex.config import EngineConfig
 from loraplex.domain.results import SampleOutcome
-from loraplex.domain.sampling import StopReason
+from loraplex.domain.sampling import SequenceDelta, StopReason
 from loraplex.domain.work import SampleWork
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.lora_batch import LoraBatch
@@ -143,6 +143,18 @@ class Sampler:
             self._reset()
             raise
         return finished
+
+    def cancel(self, request_ids: Sequence[str], error: LoraplexError) -> list[SampleOutcome]:
+        """Drop the named requests wherever they are (their KV pages are freed at once);
+        their outcomes are ``error``. Ids not running here (finished meanwhile) are skipped."""
+        return [self._abort(self._requests[rid], error) for rid in dict.fromkeys(request_ids)
+                if rid in self._requests]
+
+    def progress(self) -> list[SequenceDelta]:
+        """New completion tokens of the running requests that stream (``work.stream``)."""
+        deltas = (seq.take_delta() for request in self._requests.values() if request.work.stream
+                  for seq in request.sequences)
+        return [d for d in deltas if d is not None]
 
     def num_running(self) -> int:
         """Requests admitted (running, or waiting for KV pages) and not yet returned."""

@@ -17,6 +17,7 @@ from loraplex.domain.sampling import (
     PromptAltTokens,
     SampledSequence,
     SampleResult,
+    SequenceDelta,
     StopReason,
     TopkLogprobs,
 )
@@ -41,6 +42,7 @@ class SampleSequence:
         num_computed: positions whose KV is in the cache.
         logprobs, topk_ids, topk_logprobs: per completion token.
         stop_reason: set once finished.
+        reported: completion tokens already handed out as `SequenceDelta`s (streaming).
     """
 
     request: SampleRequest
@@ -54,6 +56,7 @@ class SampleSequence:
     topk_ids: list[list[int]] = field(default_factory=list)
     topk_logprobs: list[list[float]] = field(default_factory=list)
     stop_reason: StopReason | None = None
+    reported: int = 0
 
     @property
     def num_completion(self) -> int:
@@ -62,6 +65,24 @@ class SampleSequence:
     @property
     def completion(self) -> list[int]:
         return self.tokens[self.request.num_prompt:]
+
+    def take_delta(self) -> SequenceDelta | None:
+        """The completion tokens sampled since the last call (None: none)."""
+        start, end = self.reported, self.num_completion
+        if end == start:
+            return None
+        self.reported = end
+        k = self.request.work.topk_sample_logprobs
+        topk = None
+        if k:
+            topk = TopkLogprobs(k, end - start,
+                                array("i", [t for row in self.topk_ids[start:] for t in row]),
+                                array("f", [lp for row in self.topk_logprobs[start:]
+                                            for lp in row]))
+        first = self.request.num_prompt + start
+        return SequenceDelta(self.request.work.request_id, self.index, start,
+                             array("i", self.tokens[first:]), array("f", self.logprobs[start:]),
+                             topk)
 
     def result(self) -> SampledSequence:
         assert self.stop_reason is not None

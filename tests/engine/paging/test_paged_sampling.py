@@ -43,7 +43,7 @@ def sample_while_training(engine: Engine, works: list[SampleWork]) -> dict[str, 
     out: dict[str, Any] = {}
     pending = works
     while pending or engine.num_running_samples():
-        for request_id, outcome in engine.sample_step(pending, 2):
+        for request_id, outcome in engine.sample_step(pending, 2).finished:
             assert isinstance(outcome, SampleResult), outcome
             out[request_id] = [(s.tokens, s.logprobs) for s in outcome.sequences]
         pending = []

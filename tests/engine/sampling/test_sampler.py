@@ -353,3 +353,59 @@ def test_a_bug_during_a_step_drops_everything_and_the_sampler_keeps_working(rig:
     assert sampler.num_running() == 0 and sampler.pool.num_free == 256
     again = ok(run(sampler, [work("again", PROMPT[:66], "a", max_tokens=3)])["again"])
     assert again.prompt_cache_hit_tokens == 0  # pages registered before the bug are forgotten
+
+
+# ---- streaming and cancellation ---------------------------------------------------------
+
+
+def test_streamed_deltas_rebuild_the_result_through_preemption(tiny_model_dir) -> None:
+    """Deltas of a streamed request only append, and joined they are the finished request's
+    tokens, logprobs and top-k, bitwise, even when its sequences are preempted (a cache of 8
+    pages) and recomputed; requests that do not stream report nothing."""
+    rig = make_rig(tiny_model_dir, kv_cache_blocks=8)
+    gen = torch.Generator().manual_seed(1)
+    works = [work(f"w{i}", random_tokens(gen, 60 + i), "abc"[i % 3] if i % 4 else None, 2,
+                  max_tokens=70, seed=i, stop=NO_STOP, topk_sample_logprobs=2, stream=i != 3)
+             for i in range(6)]
+    sampler = rig.sampler()
+    got: dict[tuple[str, int], tuple[list[int], list[float], list[int]]] = {}
+    finished = {}
+    pending = works
+    while pending or sampler.num_running():
+        finished.update(sampler.step(pending, 1 if pending else 3))
+        pending = []
+        for delta in sampler.progress():
+            tokens, logprobs, topk = got.setdefault((delta.request_id, delta.index), ([], [], []))
+            assert delta.start == len(tokens)
+            tokens += delta.tokens
+            logprobs += delta.logprobs
+            assert delta.topk_logprobs is not None and delta.topk_logprobs.k == 2
+            topk += delta.topk_logprobs.token_ids
+    assert sampler.stats.preempted > 0
+    assert {rid for rid, _ in got} == {"w0", "w1", "w2", "w4", "w5"}
+    for (rid, index), (tokens, logprobs, topk) in got.items():
+        seq = ok(finished[rid]).sequences[index]
+        n = len(tokens)
+        assert 0 < n <= len(seq.tokens)
+        assert tokens == list(seq.tokens[:n]) and logprobs == list(seq.logprobs[:n])
+        assert seq.topk_logprobs is not None
+        assert topk == list(seq.topk_logprobs.token_ids[:2 * n])
+
+
+def test_cancelling_a_running_request_frees_its_pages_at_once(rig: Rig) -> None:
+    """After the cancel the pool is as if only the other request had ever run."""
+    other = work("other", PROMPT[:30], "b", max_tokens=20, seed=4, stop=NO_STOP)
+    alone = rig.sampler()
+    assert alone.step([other], 3) == []
+    sampler = rig.sampler()
+    long = work("long", PROMPT, "a", 2, max_tokens=200, stop=NO_STOP, stream=True)
+    assert sampler.step([long, other], 3) == []
+    assert sampler.pool.num_free < alone.pool.num_free
+    error = UserError("cancelled")
+    assert sampler.cancel(["long", "unknown"], error) == [("long", error)]
+    assert sampler.pool.num_free == alone.pool.num_free
+    assert sampler.num_running() == 1 and sampler.progress() == []
+    outcomes = run(sampler, [])
+    assert list(outcomes) == ["other"]
+    assert ok(outcomes["other"]).sequences[0].tokens == \
+        ok(run(alone, [])["other"]).sequences[0].tokens
