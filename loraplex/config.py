@@ -117,6 +117,12 @@ class SchedulerConfig:
             cache by default: most samples stop before max_tokens, and when pages do run out
             the engine preempts and later recomputes its newest sequences.
         sample_share: engine-time share sampling gets while training also waits (0..1).
+        sample_prefill_tokens_per_step: prompt tokens sampling admits per step (the first
+            request always), so a burst of long prompts is prefilled over several steps and a
+            short request admitted beside it is not held behind all of them.
+        sample_max_tenant_share: the part of ``sample_kv_budget_tokens`` one tenant's running
+            requests may reserve while another tenant sampled within
+            ``latency_fair_window_s``, so others always find room.
         seq_gap_timeout_s: ops stuck this long behind a seq_id that never arrived are failed
             and the missing seq_id is skipped (None: wait forever). Longer than the SDK's
             5-minute submit retry window.
@@ -143,6 +149,8 @@ class SchedulerConfig:
     max_checkpoint_samplers: int = 16
     sample_kv_budget_tokens: int = 262144
     sample_share: float = 0.5
+    sample_prefill_tokens_per_step: int = 8192
+    sample_max_tenant_share: float = 0.75
     seq_gap_timeout_s: float | None = 900.0
     cycle_history: int = 4096
     io_threads: int = 2
@@ -153,7 +161,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.token_budget < 1:
             raise user_error("token_budget", f"must be at least 1, got {self.token_budget}")
-        for name in ("decode_steps_per_cycle", "stream_decode_steps"):
+        if not 0 < self.sample_max_tenant_share <= 1:
+            raise user_error("sample_max_tenant_share",
+                             f"must be in (0, 1], got {self.sample_max_tenant_share}")
+        for name in ("decode_steps_per_cycle", "stream_decode_steps",
+                     "sample_prefill_tokens_per_step"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 

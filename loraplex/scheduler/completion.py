@@ -127,6 +127,7 @@ class Completion:
                 self._fail_waiting(install.adapter_id, error)
             else:
                 with self._s.lock:
+                    self._s.residency.mark_installed(install.adapter_id)
                     self._s.done_reading(install.adapter_id)
 
     # ---- IO threads -----------------------------------------------------------------------

@@ -34,8 +34,8 @@ class DeficitRoundRobin:
         self._order: list[str] = []
 
     def select(self, queues: Mapping[str, Sequence[WorkItem]], budget: int,
-               allow_oversize: bool = True, caps: Mapping[str, int] | None = None
-               ) -> list[WorkItem]:
+               allow_oversize: bool = True, caps: Mapping[str, int] | None = None,
+               also: tuple[Callable[[WorkItem], int], int] | None = None) -> list[WorkItem]:
         """Pick items to run now.
 
         Args:
@@ -45,8 +45,12 @@ class DeficitRoundRobin:
                 than the budget runs alone instead of never).
             caps: per tenant, the cost after which it takes nothing more this time (it always
                 gets its first affordable item); tenants without one are uncapped.
+            also: a second price and its budget, kept like ``budget`` (the first item is
+                always taken): sampling admission's prompt tokens per step.
         """
         caps = caps or {}
+        also_cost, also_budget = also or ((lambda item: 0), 0)
+        also_used = 0
         taken: dict[str, int] = {}
         pending = {t: list(items) for t, items in queues.items() if items}
         self._deficit = {t: d for t, d in self._deficit.items() if t in pending}
@@ -62,12 +66,15 @@ class DeficitRoundRobin:
                     continue
                 self._deficit[tenant] = self._deficit.get(tenant, 0) + self.quantum
                 while queue and self.cost(queue[0]) <= self._deficit[tenant]:
-                    price = self.cost(queue[0])
+                    price, extra = self.cost(queue[0]), also_cost(queue[0])
                     if used + price > budget and (chosen or not allow_oversize):
+                        return self._rotate(chosen)
+                    if chosen and also_used + extra > also_budget:
                         return self._rotate(chosen)
                     chosen.append(queue.pop(0))
                     self._deficit[tenant] -= price
                     used += price
+                    also_used += extra
                     taken[tenant] = taken.get(tenant, 0) + price
                     progress = True
                     if tenant in caps and taken[tenant] >= caps[tenant]:

@@ -4,6 +4,8 @@ Versions are created by ephemeral ``save_weights_for_sampler`` (snapshots, kept 
 run up to a cap; ``inflight`` keeps only the latest) and loaded lazily from checkpoint
 directories (kept in LRU order up to a cap). A version a running sample still uses is never
 dropped: eviction marks it doomed and `take_releasable` hands it out once its last user finishes.
+Which checkpoint adapters the engine holds is tracked here too (`mark_installed`), so planning
+never asks the executor (a remote call for a Ray worker) while the scheduler's lock is held.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class AdapterResidency:
         self._live: set[str] = set()
         self._refs: Counter[str] = Counter()
         self._doomed: set[str] = set()
+        self._installed: set[str] = set()
 
     def add_snapshot(self, model_id: str, adapter_id: str, *, inflight: bool) -> None:
         self._live.add(adapter_id)
@@ -118,10 +121,20 @@ class AdapterResidency:
         for adapter_id in sorted(a for a in self._live if a.startswith(prefix)):
             self._doom(adapter_id)
 
+    def mark_installed(self, adapter_id: str) -> None:
+        """A checkpoint adapter was read and installed into the engine."""
+        self._installed.add(adapter_id)
+
+    def is_installed(self, adapter_id: str) -> bool:
+        """Whether a checkpoint adapter is in the engine (installed, not yet released)."""
+        return adapter_id in self._installed
+
     def take_releasable(self) -> list[str]:
-        """Doomed versions no running sample uses any more (removed from the bookkeeping)."""
+        """Doomed versions no running sample uses any more (removed from the bookkeeping:
+        the engine deletes them)."""
         ready = sorted(a for a in self._doomed if self._refs[a] <= 0)
         self._doomed.difference_update(ready)
+        self._installed.difference_update(ready)
         return ready
 
     def _doom(self, adapter_id: str) -> None:

@@ -7,8 +7,14 @@ until it finishes, so what the engine is handed stays within ``kv_budget_tokens`
 worst-case sequences (the engine's own paging and preemption handle the rest) and the rest
 waits here, in fair order, not in the engine's FIFO. Waiting requests are admitted by deficit
 round-robin on that reservation across tenants, so one tenant's burst of rollouts cannot keep
-another tenant's requests out of the decode batch. A request larger than the whole budget is
-admitted alone once nothing else runs. Engine time of each decode step is shared by the
+another tenant's requests out of the decode batch. Two more bounds keep a heavy sampler from
+holding others back: one step admits at most ``prefill_tokens_per_step`` prompt tokens (the
+first request always), so a burst of long prompts is prefilled over several steps instead of
+ahead of everything admitted with it; and while other tenants sampled within the fairness
+window, a tenant's running requests reserve at most ``max_tenant_share`` of the budget, so
+another tenant's request finds room at the next step instead of waiting for the heavy one's
+requests to finish. A request larger than the whole budget is admitted alone once nothing else
+runs. Engine time of each decode step is shared by the
 requests running in it, in proportion to their sequences.
 """
 
@@ -29,11 +35,20 @@ class SampleQueue:
         kv_budget_tokens: most KV tokens reserved by running requests.
         quantum: DRR credit per tenant per admission round (KV tokens).
         max_context: the model's context length (bounds ``max_new`` when unset).
+        prefill_tokens_per_step: most prompt tokens admitted per step (the first always).
+        max_tenant_share: most of the budget one tenant reserves while others sample.
+        fair_window_s: how recently another tenant must have sampled for that cap to apply.
     """
 
-    def __init__(self, kv_budget_tokens: int, quantum: int, max_context: int) -> None:
+    def __init__(self, kv_budget_tokens: int, quantum: int, max_context: int,
+                 prefill_tokens_per_step: int | None = None, max_tenant_share: float = 1.0,
+                 fair_window_s: float = 0.0) -> None:
         self.kv_budget_tokens = kv_budget_tokens
         self.max_context = max_context
+        self.prefill_tokens_per_step = prefill_tokens_per_step or kv_budget_tokens
+        self.max_tenant_share = max_tenant_share
+        self.fair_window_s = fair_window_s
+        self._last_seen: dict[str, float] = {}
         self._waiting: dict[str, deque[WorkItem]] = defaultdict(deque)
         self._running: dict[str, WorkItem] = {}
         self._reserved: dict[str, int] = {}
@@ -73,13 +88,18 @@ class SampleQueue:
     def waiting_items(self) -> list[WorkItem]:
         return [item for queue in self._waiting.values() for item in queue]
 
-    def admit(self, is_ready: Callable[[WorkItem], bool] = lambda item: True
-              ) -> list[WorkItem]:
-        """Move the ready requests that fit in the KV budget from waiting to running (a
-        request waiting for its adapter to be read is skipped, not blocking its tenant)."""
+    def admit(self, is_ready: Callable[[WorkItem], bool] = lambda item: True,
+              now: float = 0.0) -> list[WorkItem]:
+        """Move the ready requests that fit in the KV budget (and this step's prompt tokens,
+        and their tenant's share) from waiting to running (a request waiting for its adapter
+        to be read is skipped, not blocking its tenant)."""
         room = self.kv_budget_tokens - self.num_reserved
-        ready = {t: [it for it in q if is_ready(it)] for t, q in self._waiting.items()}
-        chosen = self._fairness.select(ready, room, allow_oversize=not self._running)
+        caps = self._share_caps(now)
+        ready = {t: [it for it in q if is_ready(it)] for t, q in self._waiting.items()
+                 if caps.get(t, 1) > 0}
+        chosen = self._fairness.select(ready, room, allow_oversize=not self._running,
+                                       caps={t: c for t, c in caps.items() if t in ready},
+                                       also=(_prompt_tokens, self.prefill_tokens_per_step))
         for item in chosen:
             self._remove_waiting(item)
             self._running[item.request_id] = item
@@ -87,6 +107,22 @@ class SampleQueue:
             self._engine_s[item.request_id] = 0.0
             self.num_reserved += self._reserved[item.request_id]
         return chosen
+
+    def _share_caps(self, now: float) -> dict[str, int]:
+        """Per tenant, the KV tokens it may still reserve: ``max_tenant_share`` of the budget
+        less what it holds, for the tenants another tenant sampled beside within the window
+        (the others are uncapped)."""
+        held: Counter[str] = Counter()
+        for rid, item in self._running.items():
+            held[item.tenant] += self._reserved[rid]
+        for tenant in (*held, *self._waiting):
+            self._last_seen[tenant] = now
+        self._last_seen = {t: at for t, at in self._last_seen.items()
+                           if now - at <= self.fair_window_s}
+        if len(self._last_seen) < 2 or self.max_tenant_share >= 1:
+            return {}
+        share = int(self.kv_budget_tokens * self.max_tenant_share)
+        return {t: share - held[t] for t in self._waiting}
 
     def take_waiting(self, matches: Callable[[WorkItem], bool]) -> list[WorkItem]:
         """Remove and return the waiting requests ``matches`` selects (to fail them)."""
@@ -135,6 +171,10 @@ class SampleQueue:
     def any_streaming(self) -> bool:
         """Whether a running request streams its tokens."""
         return any(sample_op(it).work.stream for it in self._running.values())
+
+
+def _prompt_tokens(item: WorkItem) -> int:
+    return len(sample_op(item).work.prompt)
 
 
 def _num_sequences(item: WorkItem) -> int:

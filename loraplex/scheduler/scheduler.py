@@ -121,7 +121,10 @@ class Scheduler:
         self._queues: dict[str, ModelQueue] = {}
         self._closing: set[str] = set()
         self._samples = SampleQueue(config.sample_kv_budget_tokens, config.quantum_tokens,
-                                    executor.model_info().max_context)
+                                    executor.model_info().max_context,
+                                    config.sample_prefill_tokens_per_step,
+                                    config.sample_max_tenant_share,
+                                    config.latency_fair_window_s)
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
         self._inflight: Counter[str] = Counter()
         self._packer = CyclePacker(config.quantum_tokens)
@@ -355,7 +358,7 @@ class Scheduler:
         adapter_id = op.work.adapter_id
         return (op.source == "checkpoint" and adapter_id is not None
                 and op.work.adapter_dir is not None and adapter_id not in self._reading
-                and not self.executor.has_adapter(adapter_id))
+                and not self.residency.is_installed(adapter_id))
 
     def _is_ready(self, item: WorkItem) -> bool:
         """A waiting sample may be admitted: its adapter is resident (or needs no reading)."""
@@ -419,7 +422,7 @@ class Scheduler:
         return CyclePlan(packed.batch, packed.optim)
 
     def _build_sample(self) -> SamplePlan:
-        admit = self._samples.admit(self._is_ready)
+        admit = self._samples.admit(self._is_ready, self._clock())
         for item in admit:
             self.residency.admit(sample_op(item))
         cancel, self._cancelled = tuple(sorted(self._cancelled)), set()

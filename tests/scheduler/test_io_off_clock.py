@@ -16,6 +16,7 @@ from loraplex.scheduler.clock import ClockLoop
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.io_workers import ThreadedIo
+from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.scheduler import Scheduler
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
@@ -136,3 +137,48 @@ def _with_dir(item, directory: str):  # type: ignore[no-untyped-def]
 
     op = item.op
     return replace(item, op=replace(op, work=replace(op.work, adapter_dir=directory)))
+
+
+class LockWatchingToy(ToyExecutor):
+    """A toy engine that records every residency question asked while a lock it is given
+    is held (the scheduler's: planning must never make an executor call under it)."""
+
+    lock: threading.Lock | None = None
+    asked_under_lock: int = 0
+    reads: int = 0
+
+    def has_adapter(self, adapter_id: str) -> bool:
+        if self.lock is not None and self.lock.locked():
+            self.asked_under_lock += 1
+        return super().has_adapter(adapter_id)
+
+    def read_checkpoint(self, work: LoadWork) -> PreparedAdapter:
+        self.reads += 1
+        return super().read_checkpoint(work)
+
+
+def test_planning_asks_the_executor_nothing_about_residency(stores: Stores) -> None:
+    """Samples of a checkpoint wait for its read without the scheduler asking the executor
+    (a blocking remote call for a Ray worker) whether the adapter is resident, and the next
+    samples of it are admitted without reading it again."""
+    from tests.scheduler.work_builders import make_scheduler
+
+    toy = LockWatchingToy()
+    s = make_scheduler(toy, stores)
+    toy.lock = s.lock
+    s.submit(create("a:train:0"))
+    while (plan := s.plan()) is not None:
+        s.complete(plan, run_plan(toy, plan))
+    s.submit(save("a:train:0", 1, stores, "ckpt"))
+    while (plan := s.plan()) is not None:
+        s.complete(plan, run_plan(toy, plan))
+    directory = stores.checkpoints.list_for_run("a:train:0")[0].directory
+    for _ in range(2):
+        for _ in range(3):
+            s.submit(_with_dir(sample([2, 3, 4], adapter_id="ckpt:a", source="checkpoint"),
+                               directory))
+        while (plan := s.plan()) is not None:
+            s.complete(plan, run_plan(toy, plan))
+    assert toy.asked_under_lock == 0
+    assert toy.reads == 1, "read once, then known to be installed"
+    assert toy.has_adapter("ckpt:a") and s.futures.num_pending() == 0

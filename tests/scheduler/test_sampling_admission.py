@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from loraplex.domain.ops import CyclePlan, SamplePlan
+from loraplex.domain.ops import CyclePlan, SamplePlan, WorkItem
 from loraplex.scheduler.engine_share import EngineShare
 from loraplex.scheduler.runner import run_plan
 from loraplex.store.stores import Stores
 from tests.fakes import ToyExecutor
 from tests.scheduler.work_builders import (
+    FakeClock,
     create,
     datum,
     drain,
@@ -174,3 +175,68 @@ def test_cancelled_samples_leave_the_queue_and_the_engine(toy: ToyExecutor, stor
     assert entry.is_done and entry.error is not None and "cancelled" in entry.error.message
     assert toy.num_running_samples() == 0 and s.plan() is None
     assert s._samples.num_reserved == 0 and s._inflight["alice"] == 0
+
+
+def test_a_burst_of_long_prompts_is_admitted_over_steps_and_a_short_one_goes_first(
+        toy: ToyExecutor, stores: Stores) -> None:
+    """At most ``sample_prefill_tokens_per_step`` prompt tokens are admitted per step (the
+    first request always): another tenant's short request is admitted in the first step, not
+    after every long prompt queued before it has been prefilled."""
+    s = make_scheduler(toy, stores, sample_prefill_tokens_per_step=400, quantum_tokens=64)
+    heavy = [sample([2] * 300, max_tokens=4) for _ in range(4)]
+    short = sample([3, 4], tenant="bob", max_tokens=2)
+    for item in (*heavy, short):
+        s.submit(item)
+    admitted: list[list[str]] = []
+    while (plan := s.plan()) is not None:
+        assert isinstance(plan, SamplePlan)
+        admitted.append([it.request_id for it in plan.admit])
+        assert sum(len(it.op.work.prompt) for it in plan.admit) <= 400 or \
+            len(plan.admit) == 1  # type: ignore[union-attr]
+        s.complete(plan, run_plan(toy, plan))
+    first = admitted[0]
+    assert short.request_id in first and len(first) == 2
+    assert [rid for step in admitted for rid in step if rid != short.request_id] == [
+        it.request_id for it in heavy], "one long prompt per step, in order"
+
+
+def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stores: Stores
+                                                          ) -> None:
+    """Alone, a tenant may reserve the whole budget; while another tenant sampled within the
+    window it reserves at most ``sample_max_tenant_share`` of it (plus one request), so the
+    other's next requests are admitted at the next step, not after its requests finish."""
+    clock = FakeClock()
+    # each request reserves 2 + 18 = 20 KV tokens; the budget holds 10 of them
+    s = make_scheduler(toy, stores, clock, sample_kv_budget_tokens=200,
+                       sample_max_tenant_share=0.5, latency_fair_window_s=2.0,
+                       decode_steps_per_cycle=1)
+
+    def alice_holds() -> int:
+        return sum(s._samples._reserved[rid] for rid in s._samples.running_ids()
+                   if s._samples._running[rid].tenant == "alice")
+
+    def step() -> list[WorkItem]:
+        before = alice_holds()
+        plan = s.plan()
+        assert isinstance(plan, SamplePlan)
+        s.complete(plan, run_plan(toy, plan))
+        clock.now += 0.1
+        if s._samples.num_waiting("bob") or any(it.tenant == "bob" for it in plan.admit):
+            gained = [it for it in plan.admit if it.tenant == "alice"]
+            assert not gained or before < 100, "alice takes more only under her share"
+        return list(plan.admit)
+
+    for _ in range(10):
+        s.submit(sample([2, 3], max_tokens=18))
+    assert len(step()) == 10, "no cap while alone"
+    s.submit(sample([4, 5], tenant="bob", max_tokens=18))
+    for _ in range(20):
+        s.submit(sample([2, 3], max_tokens=18))
+    while not any(it.tenant == "bob" for it in step()):  # the first waits for room
+        pass
+    for _ in range(3):
+        later = sample([4, 5], tenant="bob", max_tokens=18)
+        s.submit(later)
+        assert later.request_id in [it.request_id for it in step()], "room is kept for bob"
+    while s._samples.has_work():
+        step()

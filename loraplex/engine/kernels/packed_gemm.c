@@ -24,47 +24,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define LANES 16
+#include "simd.h"
+
+#if LANES == 16
 #define MR 8
-typedef __m512 vec_t;
-static inline vec_t v_zero(void) { return _mm512_setzero_ps(); }
-static inline vec_t v_load(const float *p) { return _mm512_loadu_ps(p); }
-static inline vec_t v_bcast(const float *p) { return _mm512_set1_ps(*p); }
-static inline vec_t v_fma(vec_t a, vec_t b, vec_t c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec_t v_add(vec_t a, vec_t b) { return _mm512_add_ps(a, b); }
-static inline __mmask16 v_mask(int n) { return (__mmask16)((1u << n) - 1u); }
-static inline vec_t v_load_n(const float *p, int n) {
-    return n == LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(v_mask(n), p);
-}
-static inline void v_store_n(float *p, vec_t v, int n) {
-    if (n == LANES) _mm512_storeu_ps(p, v);
-    else _mm512_mask_storeu_ps(p, v_mask(n), v);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LANES 8
+#elif LANES == 8
 #define MR 4
-typedef __m256 vec_t;
-static inline vec_t v_zero(void) { return _mm256_setzero_ps(); }
-static inline vec_t v_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline vec_t v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-static inline vec_t v_fma(vec_t a, vec_t b, vec_t c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec_t v_add(vec_t a, vec_t b) { return _mm256_add_ps(a, b); }
-static inline __m256i v_mask(int n) {
-    static const int32_t ramp[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_loadu_si256((const __m256i *)ramp));
-}
-static inline vec_t v_load_n(const float *p, int n) {
-    return n == LANES ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, v_mask(n));
-}
-static inline void v_store_n(float *p, vec_t v, int n) {
-    if (n == LANES) _mm256_storeu_ps(p, v);
-    else _mm256_maskstore_ps(p, v_mask(n), v);
-}
-#else
-#define LANES 0
 #endif
 
 /* Rows per cache chunk: a chunk's slice of x for one K block (256 × 192 floats) stays in L2

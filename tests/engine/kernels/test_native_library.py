@@ -6,6 +6,7 @@ built under AddressSanitizer and UndefinedBehaviorSanitizer."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,3 +98,26 @@ def test_the_kernel_tests_pass_under_address_and_undefined_sanitizers(tmp_path: 
     for so in tmp_path.glob("*.so"):
         symbols = subprocess.run(["nm", "-D", str(so)], capture_output=True, text=True).stdout
         assert "__asan" in symbols, f"{so.name} was not built with ASan"
+
+
+def test_both_kernels_take_their_vector_operations_from_one_header(tmp_path: Path) -> None:
+    """packed_gemm.c and paged_attention.c define neither a vector type nor any operation of
+    simd.h themselves: both include it, and a change to it changes both libraries' cache
+    keys."""
+    kernels = Path(native_library.__file__).parent
+    header = kernels / "simd.h"
+    shared = set(re.findall(r"static inline [\w ]+?\b(v_\w+)\(", header.read_text()))
+    assert {"v_fma", "v_load", "v_hsum", "v_load_n"} <= shared
+    for name in ("packed_gemm.c", "paged_attention.c"):
+        text = (kernels / name).read_text()
+        assert '#include "simd.h"' in text and "typedef __m" not in text, name
+        defined = set(re.findall(r"static inline [\w ]+?\b(v_\w+)\(", text))
+        assert not defined & shared, (name, defined & shared)
+    copy = tmp_path / "kernels"
+    shutil.copytree(kernels, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    before = [native_library._with_local_headers(copy / n)
+              for n in ("packed_gemm.c", "paged_attention.c")]
+    (copy / "simd.h").write_text(header.read_text() + "\n/* changed */\n")
+    after = [native_library._with_local_headers(copy / n)
+             for n in ("packed_gemm.c", "paged_attention.c")]
+    assert all(b != a for b, a in zip(before, after, strict=True))

@@ -1,0 +1,190 @@
+"""Sampling fairness: another tenant's short sample beside a heavy sampler, with the sampling
+admission bounds on (this server's defaults) and off (how admission worked before them).
+
+    python benchmarks/sample_fairness.py [--rounds 3] [--heavy-prompt 6000] [--heavy-clients 32]
+
+Two `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for
+``scheduler.sample_prefill_tokens_per_step`` and ``scheduler.sample_max_tenant_share``
+(``off``: unbounded and 1.0). Per round, for each server in turn (interleaved):
+- ``solo``: the light tenant's sequential short samples (8-token prompt, 8 tokens) alone;
+- ``beside``: the same while the heavy tenant keeps ``--heavy-clients`` samples of
+  ``--heavy-prompt``-token prompts in flight (each client resubmits as soon as one returns).
+Reports the light tenant's p50 / p95 latency and the beside / solo ratio of its p50, and the
+heavy tenant's completed samples per second (what the bounds cost it). Records the load average
+and the GEMM probe in the same run. Writes ``sample_fairness.json`` and ``sample_fairness.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a script, not with -m: put the repo root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+from benchmarks import RESULTS
+
+MODEL = "tiny"
+MODES = {"on": {}, "off": {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": "1000000000",
+                           "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}}
+LIGHT_SAMPLES = 20
+
+
+def start(mode: str, data_dir: Path) -> Any:
+    from benchmarks.peers.server_process import ServerProcess, free_port
+
+    data_dir.mkdir(parents=True)
+    port = free_port()
+    cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{MODEL}=builtin:tiny",
+           "--open", "--data-dir", str(data_dir), "--port", str(port), "--threads", "1"]
+    env = {**os.environ, **MODES[mode], "NO_PROXY": "127.0.0.1,localhost"}
+    server = ServerProcess.launch(cmd, env, data_dir / "server.log",
+                                  base_url=f"http://127.0.0.1:{port}", base_model=MODEL)
+    server.wait_ready("/api/v1/healthz", 600)
+    return server
+
+
+def sampler(url: str, key: str) -> Any:
+    import tinker
+
+    return tinker.ServiceClient(base_url=url, api_key=key).create_sampling_client(
+        base_model=MODEL).result()
+
+
+def light_latencies(client: Any) -> list[float]:
+    from tinker import types
+
+    prompt = types.ModelInput.from_ints(list(range(10, 18)))
+    out = []
+    for i in range(LIGHT_SAMPLES):
+        start = time.perf_counter()
+        client.sample(prompt, 1, types.SamplingParams(max_tokens=8, seed=i, stop=[])).result()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+class Heavy:
+    """``clients`` threads, each keeping one long-prompt sample in flight until stopped."""
+
+    def __init__(self, client: Any, clients: int, prompt_tokens: int) -> None:
+        from tinker import types
+
+        self._client = client
+        self._prompt = types.ModelInput.from_ints([(i * 7) % 1000 + 3
+                                                   for i in range(prompt_tokens)])
+        self._params = types.SamplingParams(max_tokens=32, seed=1, stop=[])
+        self._stop = threading.Event()
+        self.done = 0
+        self._threads = [threading.Thread(target=self._loop, daemon=True)
+                         for _ in range(clients)]
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._client.sample(self._prompt, 1, self._params).result()
+            self.done += 1
+
+    def __enter__(self) -> Heavy:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(600)
+
+
+def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int) -> dict[str, Any]:
+    solo = light_latencies(light)
+    with Heavy(heavy, clients, prompt_tokens) as flood:
+        time.sleep(3.0)  # the heavy tenant is at its steady state
+        started, done_before = time.perf_counter(), flood.done
+        beside = light_latencies(light)
+        heavy_rate = (flood.done - done_before) / (time.perf_counter() - started)
+    return {"solo_p50_s": statistics.median(solo), "beside_p50_s": statistics.median(beside),
+            "beside_p95_s": sorted(beside)[int(0.95 * (len(beside) - 1))],
+            "heavy_samples_per_s": heavy_rate, "load_avg_1m": os.getloadavg()[0]}
+
+
+def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for mode, runs in rounds.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "load_avg_1m"}
+        out[mode] = {k: round(v, 4) for k, v in med.items()} | {
+            "beside_over_solo_p50": round(med["beside_p50_s"] / med["solo_p50_s"], 2)}
+    out["heavy_rate_on_over_off"] = round(out["on"]["heavy_samples_per_s"]
+                                          / out["off"]["heavy_samples_per_s"], 3)
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s, m = result["summary"], result["machine"]
+    loads = [r["load_avg_1m"] for runs in result["rounds"].values() for r in runs]
+    lines = ["# Sampling fairness: a short sample beside a heavy sampler", "",
+             f"`builtin:tiny`; light tenant: {LIGHT_SAMPLES} sequential samples (8-token "
+             f"prompt, 8 tokens); heavy tenant: {result['heavy_clients']} samples of "
+             f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
+             f"{len(result['rounds']['on'])} interleaved rounds per mode, medians. `on`: "
+             "the admission bounds (`sample_prefill_tokens_per_step` 8192, "
+             "`sample_max_tenant_share` 0.75); `off`: unbounded, 1.0.", "",
+             "| admission bounds | light p50 solo (s) | light p50 beside (s) | "
+             "light p95 beside (s) | beside / solo | heavy samples/s |",
+             "|---|---|---|---|---|---|"]
+    for mode in ("on", "off"):
+        r = s[mode]
+        lines.append(f"| {mode} | {r['solo_p50_s']} | {r['beside_p50_s']} | "
+                     f"{r['beside_p95_s']} | {r['beside_over_solo_p50']}× | "
+                     f"{r['heavy_samples_per_s']} |")
+    lines += ["", f"Heavy tenant's rate, bounds on / off: {s['heavy_rate_on_over_off']}. "
+              f"Load average (1 min): {min(loads):.2f}–{max(loads):.2f}; GEMM probe "
+              f"{m['gemm_gflops']:.1f} GFLOP/s, {m['num_threads']} threads.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--heavy-prompt", type=int, default=6000)
+    parser.add_argument("--heavy-clients", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    from tqdm import tqdm
+
+    from benchmarks.probe import probe_machine
+
+    machine = probe_machine().as_dict()
+    with tempfile.TemporaryDirectory(prefix="sample-fairness-") as scratch:
+        servers = {mode: start(mode, Path(scratch) / mode) for mode in MODES}
+        try:
+            clients = {mode: (sampler(s.base_url, "tml-light"), sampler(s.base_url, "tml-heavy"))
+                       for mode, s in servers.items()}
+            rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+            for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
+                for mode, (light, heavy) in clients.items():
+                    rounds[mode].append(one_round(light, heavy, args.heavy_clients,
+                                                  args.heavy_prompt))
+        finally:
+            for server in servers.values():
+                server.stop()
+    result = {"heavy_prompt": args.heavy_prompt, "heavy_clients": args.heavy_clients,
+              "machine": machine, "rounds": rounds, "summary": summarize(rounds)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sample_fairness.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "sample_fairness.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
