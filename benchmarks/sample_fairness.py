@@ -3,20 +3,26 @@ admission bounds on (this server's defaults) and off (how admission worked befor
 
     python benchmarks/sample_fairness.py [--rounds 3] [--heavy-prompt 6000] [--heavy-clients 32]
 
-Two `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for
-``scheduler.sample_prefill_tokens_per_step`` and ``scheduler.sample_max_tenant_share``
-(``off``: unbounded and 1.0). Per round, for each server in turn (interleaved):
+Three `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for the
+sampling bounds: ``on`` (the defaults), ``engine_only`` (the scheduler's admission bounds
+``scheduler.sample_prefill_tokens_per_step`` and ``sample_max_tenant_share`` off: unbounded and
+1.0) and ``off`` (also ``engine.sample_prefill_tokens_per_step`` unbounded: how sampling
+worked before these bounds). Per round, for each server in turn (interleaved):
 - ``solo``: the light tenant's sequential short samples (8-token prompt, 8 tokens) alone;
 - ``beside``: the same while the heavy tenant keeps ``--heavy-clients`` samples of
-  ``--heavy-prompt``-token prompts in flight (each client resubmits as soon as one returns).
+  ``--heavy-prompt``-token prompts in flight (each client resubmits as soon as one returns),
+  for two heavy workloads: ``distinct`` prompts (every request its own: nothing is cached) and
+  one ``shared`` prompt (what a GRPO group sends: the engine's prefix cache holds it).
 Reports the light tenant's p50 / p95 latency and the beside / solo ratio of its p50, and the
-heavy tenant's completed samples per second (what the bounds cost it). Records the load average
-and the GEMM probe in the same run. Writes ``sample_fairness.json`` and ``sample_fairness.md``.
+heavy tenant's completed samples per second (what the bounds cost it, relative to ``off``).
+Records the load average and the GEMM probe in the same run. Writes ``sample_fairness.json``
+and ``sample_fairness.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -35,9 +41,13 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 from benchmarks import RESULTS
 
 MODEL = "tiny"
-MODES = {"on": {}, "off": {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": "1000000000",
-                           "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}}
+UNBOUNDED = "1000000000"
+SCHEDULER_OFF = {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED,
+                 "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}
+MODES = {"on": {}, "engine_only": SCHEDULER_OFF,
+         "off": {**SCHEDULER_OFF, "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
 LIGHT_SAMPLES = 20
+WORKLOADS = ("distinct", "shared")
 
 
 def start(mode: str, data_dir: Path) -> Any:
@@ -76,21 +86,30 @@ def light_latencies(client: Any) -> list[float]:
 class Heavy:
     """``clients`` threads, each keeping one long-prompt sample in flight until stopped."""
 
-    def __init__(self, client: Any, clients: int, prompt_tokens: int) -> None:
+    def __init__(self, client: Any, clients: int, prompt_tokens: int, distinct: bool) -> None:
         from tinker import types
 
         self._client = client
-        self._prompt = types.ModelInput.from_ints([(i * 7) % 1000 + 3
-                                                   for i in range(prompt_tokens)])
+        self._types = types
+        self._tokens = [(i * 7) % 1000 + 3 for i in range(prompt_tokens)]
+        self._distinct = distinct
+        self._counter = itertools.count()
         self._params = types.SamplingParams(max_tokens=32, seed=1, stop=[])
         self._stop = threading.Event()
         self.done = 0
         self._threads = [threading.Thread(target=self._loop, daemon=True)
                          for _ in range(clients)]
 
+    def _prompt(self) -> Any:
+        tokens = self._tokens
+        if self._distinct:  # a different first page: no cached prefix
+            n = next(self._counter)
+            tokens = [(n * 131 + i) % 1000 + 3 for i in range(64)] + tokens[64:]
+        return self._types.ModelInput.from_ints(tokens)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._client.sample(self._prompt, 1, self._params).result()
+            self._client.sample(self._prompt(), 1, self._params).result()
             self.done += 1
 
     def __enter__(self) -> Heavy:
@@ -104,9 +123,10 @@ class Heavy:
             t.join(600)
 
 
-def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int) -> dict[str, Any]:
+def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int, distinct: bool
+              ) -> dict[str, Any]:
     solo = light_latencies(light)
-    with Heavy(heavy, clients, prompt_tokens) as flood:
+    with Heavy(heavy, clients, prompt_tokens, distinct) as flood:
         time.sleep(3.0)  # the heavy tenant is at its steady state
         started, done_before = time.perf_counter(), flood.done
         beside = light_latencies(light)
@@ -117,36 +137,43 @@ def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int) -> dict[
 
 
 def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per ``mode/workload``: medians and the beside / solo ratio; per workload the heavy
+    tenant's rate with the bounds on over off."""
     out: dict[str, Any] = {}
-    for mode, runs in rounds.items():
+    for key, runs in rounds.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "load_avg_1m"}
-        out[mode] = {k: round(v, 4) for k, v in med.items()} | {
+        out[key] = {k: round(v, 4) for k, v in med.items()} | {
             "beside_over_solo_p50": round(med["beside_p50_s"] / med["solo_p50_s"], 2)}
-    out["heavy_rate_on_over_off"] = round(out["on"]["heavy_samples_per_s"]
-                                          / out["off"]["heavy_samples_per_s"], 3)
+    for key in rounds:
+        workload = key.split("/")[1]
+        out[f"heavy_rate_over_off/{key}"] = round(
+            out[key]["heavy_samples_per_s"] / out[f"off/{workload}"]["heavy_samples_per_s"], 3)
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
     s, m = result["summary"], result["machine"]
     loads = [r["load_avg_1m"] for runs in result["rounds"].values() for r in runs]
+    rounds = len(next(iter(result["rounds"].values())))
     lines = ["# Sampling fairness: a short sample beside a heavy sampler", "",
              f"`builtin:tiny`; light tenant: {LIGHT_SAMPLES} sequential samples (8-token "
              f"prompt, 8 tokens); heavy tenant: {result['heavy_clients']} samples of "
              f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
-             f"{len(result['rounds']['on'])} interleaved rounds per mode, medians. `on`: "
-             "the admission bounds (`sample_prefill_tokens_per_step` 8192, "
-             "`sample_max_tenant_share` 0.75); `off`: unbounded, 1.0.", "",
-             "| admission bounds | light p50 solo (s) | light p50 beside (s) | "
-             "light p95 beside (s) | beside / solo | heavy samples/s |",
-             "|---|---|---|---|---|---|"]
-    for mode in ("on", "off"):
-        r = s[mode]
-        lines.append(f"| {mode} | {r['solo_p50_s']} | {r['beside_p50_s']} | "
-                     f"{r['beside_p95_s']} | {r['beside_over_solo_p50']}× | "
-                     f"{r['heavy_samples_per_s']} |")
-    lines += ["", f"Heavy tenant's rate, bounds on / off: {s['heavy_rate_on_over_off']}. "
-              f"Load average (1 min): {min(loads):.2f}–{max(loads):.2f}; GEMM probe "
+             f"{rounds} interleaved rounds per mode and workload, medians. `on`: the "
+             "defaults (scheduler: `sample_prefill_tokens_per_step` 8192, "
+             "`sample_max_tenant_share` 0.75; engine: `sample_prefill_tokens_per_step` 2048); "
+             "`engine_only`: the scheduler's two off; `off`: all three off.", "",
+             "| heavy prompts | admission bounds | light p50 solo (s) | light p50 beside (s) | "
+             "light p95 beside (s) | beside / solo | heavy samples/s | heavy ÷ off |",
+             "|---|---|---|---|---|---|---|---|"]
+    for workload in result["workloads"]:
+        for mode in MODES:
+            r = s[f"{mode}/{workload}"]
+            ratio = s[f"heavy_rate_over_off/{mode}/{workload}"]
+            lines.append(f"| {workload} | {mode} | {r['solo_p50_s']} | {r['beside_p50_s']} | "
+                         f"{r['beside_p95_s']} | {r['beside_over_solo_p50']}× | "
+                         f"{r['heavy_samples_per_s']} | {ratio} |")
+    lines += ["", f"Load average (1 min): {min(loads):.2f}–{max(loads):.2f}; GEMM probe "
               f"{m['gemm_gflops']:.1f} GFLOP/s, {m['num_threads']} threads.", ""]
     return "\n".join(lines)
 
@@ -157,8 +184,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--heavy-prompt", type=int, default=6000)
     parser.add_argument("--heavy-clients", type=int, default=32)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    workloads = tuple(args.workloads.split(","))
 
     from tqdm import tqdm
 
@@ -170,15 +199,19 @@ def main() -> None:
         try:
             clients = {mode: (sampler(s.base_url, "tml-light"), sampler(s.base_url, "tml-heavy"))
                        for mode, s in servers.items()}
-            rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+            rounds: dict[str, list[dict[str, Any]]] = {
+                f"{m}/{w}": [] for w in workloads for m in MODES}
             for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
-                for mode, (light, heavy) in clients.items():
-                    rounds[mode].append(one_round(light, heavy, args.heavy_clients,
-                                                  args.heavy_prompt))
+                for workload in workloads:
+                    for mode, (light, heavy) in clients.items():
+                        rounds[f"{mode}/{workload}"].append(one_round(
+                            light, heavy, args.heavy_clients, args.heavy_prompt,
+                            workload == "distinct"))
         finally:
             for server in servers.values():
                 server.stop()
-    result = {"heavy_prompt": args.heavy_prompt, "heavy_clients": args.heavy_clients,
+    result = {"workloads": workloads, "heavy_prompt": args.heavy_prompt,
+              "heavy_clients": args.heavy_clients,
               "machine": machine, "rounds": rounds, "summary": summarize(rounds)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sample_fairness.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -61,6 +61,10 @@ class EngineConfig:
         page_dir: scratch directory for paged-out adapter state; the engine writes into a
             private subdirectory it deletes on close. Never a checkpoint: its files are
             deleted and overwritten freely (None: a temporary directory).
+        sample_prefill_tokens_per_step: prompt tokens the sampler prefills per step while
+            sequences are decoding: a long prompt is prefilled in pieces between decode steps,
+            so the running sequences and a short prompt admitted beside it are not held behind
+            all of it (with nothing decoding, a step prefills as much as fits).
         native_kernels: on CPU in float32, run loraplex's C kernels (`engine.kernels`, built
             with the system C compiler on first use): the packed sgemm for the base model's
             linears and head, wherever the loader finds it gives F.linear's bits on this
@@ -83,6 +87,7 @@ class EngineConfig:
     adapter_memory_budget: int | None = None
     host_memory_budget: int | None = None
     page_dir: str | None = None
+    sample_prefill_tokens_per_step: int = 2048
     native_kernels: bool = True
 
     def __post_init__(self) -> None:

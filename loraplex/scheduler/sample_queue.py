@@ -8,24 +8,28 @@ worst-case sequences (the engine's own paging and preemption handle the rest) an
 waits here, in fair order, not in the engine's FIFO. Waiting requests are admitted by deficit
 round-robin on that reservation across tenants, so one tenant's burst of rollouts cannot keep
 another tenant's requests out of the decode batch. Two more bounds keep a heavy sampler from
-holding others back: one step admits at most ``prefill_tokens_per_step`` prompt tokens (the
-first request always), so a burst of long prompts is prefilled over several steps instead of
-ahead of everything admitted with it; and while other tenants sampled within the fairness
-window, a tenant's running requests reserve at most ``max_tenant_share`` of the budget, so
-another tenant's request finds room at the next step instead of waiting for the heavy one's
-requests to finish. A request larger than the whole budget is admitted alone once nothing else
-runs. Engine time of each decode step is shared by the
-requests running in it, in proportion to their sequences.
+holding others back: one step admits at most ``prefill_tokens_per_step`` prompt tokens to
+prefill (the first request always; a prompt admitted recently with the same adapter counts as
+none: the engine's prefix cache holds it), so a burst of long prompts is prefilled over
+several steps instead of ahead of everything admitted with it; and while other tenants
+sampled within the fairness window, a tenant's running requests reserve at most
+``max_tenant_share`` of the budget, so another tenant's request finds room at the next step
+instead of waiting for the heavy one's requests to finish. A request larger than the whole
+budget is admitted alone once nothing else runs. Engine time of each decode step is shared by
+the requests running in it, in proportion to their sequences.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 
 from loraplex.domain.ops import WorkItem
 from loraplex.scheduler.fairness import DeficitRoundRobin
 from loraplex.scheduler.residency import sample_op
+
+RECENT_PROMPTS = 1024
+"""Prompts (with their adapter) remembered as admitted recently, most recent last."""
 
 
 class SampleQueue:
@@ -49,6 +53,7 @@ class SampleQueue:
         self.max_tenant_share = max_tenant_share
         self.fair_window_s = fair_window_s
         self._last_seen: dict[str, float] = {}
+        self._recent_prompts: OrderedDict[tuple[str | None, int], None] = OrderedDict()
         self._waiting: dict[str, deque[WorkItem]] = defaultdict(deque)
         self._running: dict[str, WorkItem] = {}
         self._reserved: dict[str, int] = {}
@@ -99,14 +104,28 @@ class SampleQueue:
                  if caps.get(t, 1) > 0}
         chosen = self._fairness.select(ready, room, allow_oversize=not self._running,
                                        caps={t: c for t, c in caps.items() if t in ready},
-                                       also=(_prompt_tokens, self.prefill_tokens_per_step))
+                                       also=(self._prefill_tokens,
+                                             self.prefill_tokens_per_step))
         for item in chosen:
+            self._remember_prompt(item)
             self._remove_waiting(item)
             self._running[item.request_id] = item
             self._reserved[item.request_id] = self.reservation(item)
             self._engine_s[item.request_id] = 0.0
             self.num_reserved += self._reserved[item.request_id]
         return chosen
+
+    def _prefill_tokens(self, item: WorkItem) -> int:
+        """Prompt tokens the engine will likely compute for ``item``: none for a prompt
+        admitted recently with the same adapter (cached pages or a fork), else all."""
+        return 0 if _prompt_key(item) in self._recent_prompts else _prompt_tokens(item)
+
+    def _remember_prompt(self, item: WorkItem) -> None:
+        key = _prompt_key(item)
+        self._recent_prompts[key] = None
+        self._recent_prompts.move_to_end(key)
+        while len(self._recent_prompts) > RECENT_PROMPTS:
+            self._recent_prompts.popitem(last=False)
 
     def _share_caps(self, now: float) -> dict[str, int]:
         """Per tenant, the KV tokens it may still reserve: ``max_tenant_share`` of the budget
@@ -175,6 +194,11 @@ class SampleQueue:
 
 def _prompt_tokens(item: WorkItem) -> int:
     return len(sample_op(item).work.prompt)
+
+
+def _prompt_key(item: WorkItem) -> tuple[str | None, int]:
+    work = sample_op(item).work
+    return work.adapter_id, hash(work.prompt.tobytes())
 
 
 def _num_sequences(item: WorkItem) -> int:

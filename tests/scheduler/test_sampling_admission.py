@@ -181,9 +181,10 @@ def test_a_burst_of_long_prompts_is_admitted_over_steps_and_a_short_one_goes_fir
         toy: ToyExecutor, stores: Stores) -> None:
     """At most ``sample_prefill_tokens_per_step`` prompt tokens are admitted per step (the
     first request always): another tenant's short request is admitted in the first step, not
-    after every long prompt queued before it has been prefilled."""
+    after every long prompt queued before it has been prefilled. A prompt admitted before
+    (prefix-cached in the engine) costs nothing."""
     s = make_scheduler(toy, stores, sample_prefill_tokens_per_step=400, quantum_tokens=64)
-    heavy = [sample([2] * 300, max_tokens=4) for _ in range(4)]
+    heavy = [sample([2 + i] * 300, max_tokens=4) for i in range(4)]
     short = sample([3, 4], tenant="bob", max_tokens=2)
     for item in (*heavy, short):
         s.submit(item)
@@ -198,6 +199,11 @@ def test_a_burst_of_long_prompts_is_admitted_over_steps_and_a_short_one_goes_fir
     assert short.request_id in first and len(first) == 2
     assert [rid for step in admitted for rid in step if rid != short.request_id] == [
         it.request_id for it in heavy], "one long prompt per step, in order"
+    again = [sample([2 + i] * 300, max_tokens=4) for i in range(4)]
+    for item in again:
+        s.submit(item)
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan) and len(plan.admit) == 4, "cached prompts cost none"
 
 
 def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stores: Stores

@@ -54,6 +54,8 @@ from loraplex.errors import LoraplexError, NotFoundError
 MAX_PREFILL_TOKENS = 4096
 #: The smallest piece a long sequence is cut to when less of a forward's budget is left.
 MIN_PREFILL_PIECE = 512
+#: Prompts this short may be admitted past a sequence waiting for pages.
+SHORT_PROMPT = 512
 
 
 @dataclass
@@ -113,6 +115,8 @@ class Sampler:
         self._partial: PrefillItem | None = None  # a long sequence's piece in progress
         self._running: list[SampleSequence] = []  # (re)admission order: last = newest
         self._num_admitted = 0
+        self._prefill_per_step = max(MIN_PREFILL_PIECE, config.sample_prefill_tokens_per_step)
+        self._prefilled = 0  # prompt tokens computed in the current step
         self.stats = SamplerStats()
 
     # ---- public surface ------------------------------------------------------------------
@@ -126,6 +130,7 @@ class Sampler:
         unexpected exception (a bug) drops every request and the prefix cache, then propagates.
         """
         finished: list[SampleOutcome] = []
+        self._prefilled = 0
         try:
             for work in admit:
                 rejected = self._admit(work)
@@ -248,51 +253,64 @@ class Sampler:
     # ---- prefill -------------------------------------------------------------------------
 
     def _prefill_waiting(self) -> list[SampleOutcome]:
-        """Prefill forwards until nothing waiting fits (FIFO: resumed sequences first)."""
+        """Prefill forwards until nothing waiting fits (FIFO: resumed sequences first) or,
+        while sequences are decoding, until this step's prefill budget is spent."""
         finished: list[SampleOutcome] = []
         while True:
-            items, aborted = self._plan_prefill()
+            limit = None if not self._running else self._prefill_per_step - self._prefilled
+            items, aborted = self._plan_prefill(limit)  # spent: short prompts only
             finished += aborted
             if not items:
                 return finished
+            self._prefilled += sum(it.stop - it.start for it in items)
             finished += self._run_prefill(items)
 
-    def _plan_prefill(self) -> tuple[list[PrefillItem], list[SampleOutcome]]:
+    def _plan_prefill(self, limit: int | None = None
+                      ) -> tuple[list[PrefillItem], list[SampleOutcome]]:
         """Pick and allocate the next prefill forward's sequences (the admission policy), and
         the requests aborted on the way (their adapter is gone).
 
         A sequence is admitted when its pages fit while leaving one free page per running
-        sequence (each may need one for its next token); the queue head blocks the rest, so
-        admission stays FIFO. A forward takes about `MAX_PREFILL_TOKENS`: a sequence with
-        more uncomputed tokens than that is prefilled in pieces, one per forward (the piece
-        in progress goes first). Fresh requests whose adapter version and prompt equal an item
-        of this forward fork from it instead of computing anything.
+        sequence (each may need one for its next token); a sequence that does not fit blocks
+        the longer prompts behind it, so admission stays FIFO among them, while requests of at
+        most `SHORT_PROMPT` tokens may pass it (a short sample beside a heavy sampler waits
+        for a few pages, not for the heavy requests to finish). A forward takes about
+        `MAX_PREFILL_TOKENS`: a sequence with more uncomputed tokens than that is prefilled in
+        pieces, one per forward (the piece in progress goes first). Fresh requests whose
+        adapter version and prompt equal an item of this forward fork from it instead of
+        computing anything. ``limit``: at most this many tokens (pieces cut to fit); prompts
+        of at most `SHORT_PROMPT` tokens are taken past it (they cost little and would
+        otherwise wait a whole step behind a long prompt's pieces).
         """
         items: list[PrefillItem] = []
         aborted: list[SampleOutcome] = []
         parents: dict[tuple[str, tuple[int, ...]], PrefillItem] = {}
-        budget = MAX_PREFILL_TOKENS
+        budget = MAX_PREFILL_TOKENS if limit is None else min(MAX_PREFILL_TOKENS, limit)
+        strict = limit is not None
         reserve = len(self._running)
-        if self._partial is not None:
+        if self._partial is not None and budget > 0:
             item, self._partial = self._partial.rest(), None
-            items.append(self._cut(item, budget))
+            items.append(self._cut(item, budget, strict))
             if not items[-1].is_final:
                 return items, aborted
             budget -= item.stop - item.start
             reserve += item.seq.request.work.num_samples
+        blocked = False  # a sequence ahead did not fit: only short prompts may pass it
         while self._resume and budget > 0:
             seq = self._resume[0]
             if not self.pool.try_allocate(seq, len(seq.tokens) - 1, 0, reserve):
-                return items, aborted
+                blocked = True
+                break
             self._resume.popleft()
             items.append(self._cut(PrefillItem(seq, seq.num_computed,
-                                               first_scored=len(seq.tokens)), budget))
+                                               first_scored=len(seq.tokens)), budget, strict))
             budget -= items[-1].stop - items[-1].start
             reserve += 1
             if not items[-1].is_final:
                 return items, aborted
-        while self._waiting and budget > 0:
-            request = self._waiting[0]
+        for request in list(self._waiting):
+            if (blocked or budget <= 0) and request.num_prompt > SHORT_PROMPT:
+                continue
             try:
                 request.adapter_key = self._versions.key(request.work.adapter_id)
             except LoraplexError as exc:
@@ -302,34 +320,38 @@ class Sampler:
             parent = parents.get(group) if request.first_head == request.num_prompt else None
             if parent is not None:
                 if not self.pool.try_fork(parent.seq, request.sequences, reserve):
-                    return items, aborted
+                    blocked = True
+                    continue
                 parent.forks.extend(request.sequences)
                 request.cache_hit_tokens = request.num_prompt
             else:
                 seq, forks = request.sequences[0], request.sequences[1:]
                 if not self.pool.try_allocate(seq, request.first_head - 1, len(forks),
                                               reserve):
-                    return items, aborted
+                    blocked = True
+                    continue
                 self.pool.try_fork(seq, forks, 0)
                 item = self._cut(PrefillItem(seq, seq.num_computed, list(forks),
-                                             request.first_head), budget)
+                                             request.first_head), budget, strict)
                 items.append(item)
                 parents.setdefault(group, item)
                 request.cache_hit_tokens = seq.num_computed
                 budget -= item.stop - item.start
-            self._waiting.popleft()
+            self._waiting.remove(request)
             reserve += request.work.num_samples
             if not items[-1].is_final:
                 break
         return items, aborted
 
-    def _cut(self, item: PrefillItem, budget: int) -> PrefillItem:
+    def _cut(self, item: PrefillItem, budget: int, strict: bool = False) -> PrefillItem:
         """``item`` as a piece of at most ``max(budget, MIN_PREFILL_PIECE)`` tokens when it has
-        more than `MAX_PREFILL_TOKENS` (it then stays in progress: `_partial`)."""
+        more than `MAX_PREFILL_TOKENS` (``strict``: more than ``budget``); it then stays in
+        progress (`_partial`)."""
         remaining = item.stop - item.start
-        if remaining <= MAX_PREFILL_TOKENS:
+        piece = max(budget, MIN_PREFILL_PIECE)
+        if remaining <= (piece if strict else MAX_PREFILL_TOKENS):
             return item
-        item.end = item.start + max(budget, MIN_PREFILL_PIECE)
+        item.end = item.start + piece
         return item
 
     def _run_prefill(self, items: list[PrefillItem]) -> list[SampleOutcome]:

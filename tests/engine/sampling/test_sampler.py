@@ -409,3 +409,48 @@ def test_cancelling_a_running_request_frees_its_pages_at_once(rig: Rig) -> None:
     assert list(outcomes) == ["other"]
     assert ok(outcomes["other"]).sequences[0].tokens == \
         ok(run(alone, [])["other"]).sequences[0].tokens
+
+
+def test_a_short_prompt_passes_a_long_one_waiting_for_pages(tiny_model_dir) -> None:
+    """With the cache full, a long prompt waits for pages and the long prompts behind it keep
+    their order, but a short request admitted after them runs now, with the same tokens as
+    alone."""
+    rig = make_rig(tiny_model_dir, kv_cache_blocks=12)
+    gen = torch.Generator().manual_seed(5)
+    running = work("running", random_tokens(gen, 500), None, max_tokens=60, seed=1,
+                   stop=NO_STOP)
+    sampler = rig.sampler()
+    assert sampler.step([running], 1) == []
+    longs = [work(f"long{i}", random_tokens(gen, 600), None, max_tokens=4, seed=i,
+                  stop=NO_STOP) for i in range(2)]
+    short = work("short", PROMPT[:20], None, max_tokens=3, seed=2, stop=NO_STOP)
+    done = dict(sampler.step([*longs, short], 4))
+    assert list(done) == ["short"], "the short one passed the long ones waiting for pages"
+    alone = ok(run(make_rig(tiny_model_dir).sampler(), [short])["short"])
+    assert ok(done["short"]).sequences[0].tokens == alone.sequences[0].tokens
+    order = [rid for rid in run(sampler, []) if rid.startswith("long")]
+    assert order == ["long0", "long1"]
+
+
+def test_while_sequences_decode_a_long_prompt_is_prefilled_a_budget_per_step(
+        tiny_model_dir) -> None:
+    """With sequences decoding, a step prefills at most ``sample_prefill_tokens_per_step``
+    tokens of a long prompt (a short prompt admitted beside it is not held back), and the
+    pieces give the tokens and prompt logprobs of an unbounded prefill, bitwise."""
+    gen = torch.Generator().manual_seed(9)
+    running = work("running", PROMPT, "a", max_tokens=40, seed=1, stop=NO_STOP)
+    long = work("long", random_tokens(gen, 3000), "b", max_tokens=5, seed=2, stop=NO_STOP,
+                prompt_logprobs=True)
+    short = work("short", PROMPT[:12], None, max_tokens=2, seed=3, stop=NO_STOP)
+    bounded = make_rig(tiny_model_dir, sample_prefill_tokens_per_step=1000).sampler()
+    assert bounded.step([running], 1) == []
+    before = bounded.stats.prefill_tokens
+    done = dict(bounded.step([long, short], 1))
+    assert bounded.stats.prefill_tokens - before <= 1000 + len(short.prompt)
+    assert list(done) == ["short"], "the short prompt went past the long one's pieces"
+    outcomes = {**done, **run(bounded, [], decode_steps=1)}
+    free = run(make_rig(tiny_model_dir).sampler(), [running, long, short])
+    for rid in ("running", "long", "short"):
+        assert ok(outcomes[rid]).sequences[0].tokens == ok(free[rid]).sequences[0].tokens
+    assert list(ok(outcomes["long"]).prompt_logprobs)[1:] == \
+        list(ok(free["long"]).prompt_logprobs)[1:]
