@@ -121,6 +121,7 @@ class ToyExecutor:
     max_lora_rank: int = 64
     bug_token: int | None = None
     calls: list[tuple[str, tuple[str | None, ...]]] = field(default_factory=list)
+    compute: str = "toy"
     last_fwd_bwd: tuple[ForwardBackwardWork, ...] = ()
     memory_releases: int = 0
 
@@ -137,7 +138,8 @@ class ToyExecutor:
         card = ModelCard(name="toy", num_layers=1, hidden_size=8, num_heads=1, num_kv_heads=1,
                          head_dim=8, intermediate_size=16, vocab_size=self.vocab_size)
         return ModelInfo(arch="toy", card=card, max_context=self.max_context,
-                         eos_token_ids=(self.eos_token_id,), num_params=2 * self.vocab_size**2)
+                         eos_token_ids=(self.eos_token_id,), num_params=2 * self.vocab_size**2,
+                         compute=self.compute)
 
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
         config.validate(self.max_lora_rank)

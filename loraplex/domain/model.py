@@ -19,6 +19,10 @@ class ModelInfo:
         eos_token_ids: tokens that end a completion under the default stop condition.
         num_params: exact parameter count of the loaded weights (norms included, a tied
             head counted once).
+        compute: what decides the bits of its logprobs on this worker (device, dtype,
+            batch-invariance, which kernels run: the C kernels' vector width or torch's
+            fallback, torch's version). Workers whose labels differ give different bits for
+            the same tokens ("": not reported).
     """
 
     arch: str
@@ -26,6 +30,7 @@ class ModelInfo:
     max_context: int
     eos_token_ids: tuple[int, ...]
     num_params: int
+    compute: str = ""
 
     @property
     def vocab_size(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -77,7 +78,8 @@ class Engine:
             lambda: load_model(self.model_dir, config, stage, None if pipe is None
                                else pipe.device), "loraplex-load")
         self.bank = AdapterBank(self.model.spec, self.model.device, config.max_lora_rank)
-        self._info = self.model.model_info(config.max_context)
+        self._info = replace(self.model.model_info(config.max_context),
+                             compute=self.model.options.label(self.model.device, self.model.dtype))
         self.trainer = Trainer(self.model, self.bank, self._info.max_context, pipe)
         self.pager = AdapterPager(self.bank, self.trainer, budget=config.adapter_memory_budget,
                                   host_budget=config.host_memory_budget,

@@ -90,11 +90,23 @@ class Lanes:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _started: bool = False
     _next_name: int = 0
+    mixed_compute: bool = False
 
     def add_worker(self, executor: BatchExecutor) -> Lane:
-        """A new lane for ``executor`` (started at once if the lanes are running)."""
+        """A new lane for ``executor`` (started at once if the lanes are running). A worker
+        whose logprob bits would differ from the others' (`ModelInfo.compute`) is logged and
+        flagged (`mixed_compute`): a sampler and a trainer on such two workers would no
+        longer agree bitwise."""
         scheduler = self.make_scheduler(executor)
+        compute = executor.model_info().compute
         with self._lock:
+            others = {lane.scheduler.executor.model_info().compute for lane in self.lanes}
+            if others and compute not in others:
+                self.mixed_compute = True
+                log.warning("engine worker %s computes as %r, other workers as %s: their "
+                            "logprobs differ in the last bits, so samplers and trainers on "
+                            "different workers no longer agree bitwise", f"w{self._next_name}",
+                            compute, sorted(others))
             name = f"w{self._next_name}"
             self._next_name += 1
             lane = Lane(name, scheduler, ClockLoop(scheduler, name=f"loraplex-clock-{name}",

@@ -112,3 +112,19 @@ def test_sample_step_loads_sampler_adapters_and_a_failed_load_fails_its_request_
     assert isinstance(invalid, UserError) and invalid.field == "prompt[0]"
     assert isinstance(outcomes["loads"], SampleResult)
     assert [engine.has_adapter(a) for a in ("s1", "s2", "s3", "s4")] == [False] * 3 + [True]
+
+
+def test_model_info_names_what_decides_the_bits(tiny_model_dir: Path) -> None:
+    """`ModelInfo.compute` tells a worker on the C kernels from one on torch's fallback (the
+    two differ in the last bits), and a fast-mode engine from a batch-invariant one."""
+    engine = Engine(str(tiny_model_dir), EngineConfig())
+    native, options = engine.model_info().compute, engine.model.options
+    fallback = Engine(str(tiny_model_dir), EngineConfig(native_kernels=False)).model_info()
+    fast = Engine(str(tiny_model_dir), EngineConfig(batch_invariant=False)).model_info()
+    assert fallback.compute.startswith("cpu float32 invariant/")
+    assert "gemm=torch attention=torch" in fallback.compute
+    assert f"torch={torch.__version__}" in fallback.compute and " fast " in fast.compute
+    if options.gemm is not None and options.attention is not None:  # the kernels run here
+        assert f"gemm=packed-{options.gemm.lanes}" in native
+        assert f"attention=native-{options.attention.lanes}" in native
+        assert native != fallback.compute

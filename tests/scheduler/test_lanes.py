@@ -250,3 +250,30 @@ def test_base_samples_go_to_the_least_loaded_worker_and_survive_a_loss(
         except WorkerLostError as exc:
             assert "retry" in str(exc)
     assert len(outcomes) >= 3
+
+
+def test_a_worker_computing_other_bits_is_flagged_and_a_dead_one_is_reported_lost(
+        pool: tuple[Lanes, list[MortalToy]], stores: Stores,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two workers whose logprob bits would differ (`ModelInfo.compute`) make the lanes log a
+    warning and set `mixed_compute`; `/stats`'s worker entry shows each one's compute and a
+    dead worker as lost instead of failing the whole answer."""
+    from loraplex.api.routes.stats import LaneView, worker_json
+
+    lanes, _ = pool
+    assert not lanes.mixed_compute, "two workers that compute alike"
+    with caplog.at_level("WARNING", logger="loraplex.scheduler"):
+        lanes.add_worker(MortalToy(name="other", compute="cpu float32 gemm=torch"))
+    assert lanes.mixed_compute
+    assert "no longer agree bitwise" in caplog.text and "gemm=torch" in caplog.text
+    name, scheduler = lanes.schedulers()[0]
+    assert worker_json(LaneView(scheduler, name, ["m"]))["compute"] == "toy"
+    dead = Scheduler(DeadToy(), SchedulerConfig(), FutureStore(ttl_s=60),
+                     Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences))
+    lost = worker_json(LaneView(dead, "w9", ["m"]))
+    assert lost["memory"] is None and "was lost" in lost["lost"]
+
+
+class DeadToy(ToyExecutor):
+    def adapter_memory(self) -> AdapterMemory:
+        raise WorkerLostError("engine worker w9 was lost (ActorDiedError)")

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.domain.usage import TOKEN_TYPES
+from loraplex.errors import WorkerLostError
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
 from loraplex.scheduler.scheduler import Scheduler
 
@@ -78,10 +79,16 @@ def served_schedulers(ctx: ServerContext) -> list[LaneView]:
 
 
 def worker_json(view: LaneView) -> dict[str, Any]:
-    """A worker's adapters, their memory and paging, and its engine utilization."""
-    memory = view.scheduler.executor.adapter_memory()
-    return {"worker": view.worker, "models": view.names, "memory": asdict(memory),
-            "utilization": utilization(view.scheduler.metrics)}
+    """A worker's adapters, their memory and paging, its engine utilization and what decides
+    its bits (a worker found dead here is reported as lost, not as a server error)."""
+    out: dict[str, Any] = {"worker": view.worker, "models": view.names,
+                           "compute": view.scheduler.executor.model_info().compute,
+                           "utilization": utilization(view.scheduler.metrics)}
+    try:
+        out["memory"] = asdict(view.scheduler.executor.adapter_memory())
+    except WorkerLostError as exc:
+        out["memory"], out["lost"] = None, exc.message
+    return out
 
 
 def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int,

@@ -98,6 +98,14 @@ class ComputeOptions:
     def effective_row_multiple(self) -> int:
         return self.row_multiple if self.batch_invariant else 1
 
+    def label(self, device: torch.device, dtype: torch.dtype) -> str:
+        """What decides the bits (`ModelInfo.compute`)."""
+        gemm = f"packed-{self.gemm.lanes}" if self.gemm is not None else "torch"
+        attention = f"native-{self.attention.lanes}" if self.attention is not None else "torch"
+        mode = f"invariant/{self.row_multiple}" if self.batch_invariant else "fast"
+        return (f"{device.type} {str(dtype).removeprefix('torch.')} {mode} gemm={gemm} "
+                f"attention={attention} torch={torch.__version__}")
+
 
 class Transformer:
     """A frozen base model on one device, in one compute dtype."""
