@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from loraplex.errors import WorkerLostError
 from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.scheduler import Scheduler
 
@@ -26,6 +27,8 @@ class ClockLoop:
         idle_wait_s: longest sleep while idle (a wake-up normally comes first); each
             ``idle_wait_s`` without a plan ends with ``executor.release_memory()`` (never
             between back-to-back plans, where kept memory saves the next step's page faults).
+            That call is also the idle worker's liveness check: a worker found dead by it is
+            lost at once (its runs move, a replacement starts), not when an op next needs it.
         on_lost: called on this thread, after the loop stopped, when the scheduler's worker
             was lost (None: the loop just stops).
     """
@@ -54,6 +57,12 @@ class ClockLoop:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def _release_memory(self) -> None:
+        try:
+            self.scheduler.executor.release_memory()
+        except WorkerLostError as exc:  # found dead while idle
+            self.scheduler.mark_lost(exc)
+
     def _run(self) -> None:
         busy_at = time.monotonic()  # the last plan's end, or the last memory release
         while not self._stop.is_set() and self.scheduler.lost is None:
@@ -62,7 +71,7 @@ class ClockLoop:
                 if plan is None:
                     if time.monotonic() - busy_at >= self.idle_wait_s:
                         busy_at = time.monotonic()  # idle a while: memory back to the OS
-                        self.scheduler.executor.release_memory()
+                        self._release_memory()
                     continue
                 outcome = run_plan(self.scheduler.executor, plan)
                 self.scheduler.complete(plan, outcome)

@@ -472,6 +472,14 @@ class Scheduler:
 
     # ---- a lost worker (the lane's clock loop has stopped) --------------------------------
 
+    def mark_lost(self, error: WorkerLostError) -> None:
+        """The worker was found dead outside a plan (its idle liveness check): the lane's
+        clock loop stops and hands everything over, as after a plan that lost it."""
+        with self._lock:
+            if self.lost is None:
+                self.lost = error
+            self.notify_locked()
+
     def io_lost(self, item: WorkItem, error: WorkerLostError) -> bool:
         """A save or read found the worker dead: the lane stops, and the op is failed with the
         others by the evacuation (True), unless that already ran (False: fail it yourself)."""

@@ -103,3 +103,34 @@ def test_a_node_removed_from_the_cluster(service_client: Make, server: Server,
                 if n.node_id == worker_of(server, runs[lost].model_id).node_id)
     _lose_worker_of(runs[lost], runs[1 - lost], services[lost], server,
                     lambda victim: ray_cluster.remove_node(node))
+
+
+def test_an_idle_worker_killed_is_noticed_and_replaced(service_client: Make,
+                                                       server: Server) -> None:
+    """SIGKILL a worker that has nothing to do: its lane's idle check notices within seconds
+    (no op of its run needed), the run moves from its save_state, a replacement joins, and
+    /stats keeps answering; the run's next step just works."""
+    import httpx
+
+    tc = service_client().create_lora_training_client(base_model=MODEL, rank=4).result()
+    step(tc)
+    tc.save_state("idle").result()
+    expected = logprobs(tc)
+    victim = worker_of(server, tc.model_id)
+    os.kill(victim.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while worker_of_or_none(server, tc.model_id) in (None, victim.pid):
+        assert time.monotonic() < deadline, "the idle worker's loss went unnoticed"
+        time.sleep(0.2)
+    wait_for_workers(server, 2)
+    stats = httpx.get(f"{server.url}/api/v1/loraplex/stats", trust_env=False, timeout=30,
+                      headers={"X-API-Key": "tml-idle-check"})
+    assert stats.status_code == 200
+    assert victim.pid not in {worker_of(server, tc.model_id).pid}
+    assert logprobs(tc) == expected, "moved bitwise from its save_state, no op lost"
+
+
+def worker_of_or_none(server: Server, model_id: str) -> int | None:
+    lane = server.ctx.catalog.get(MODEL).lanes._owned(model_id)
+    executor = None if lane is None else lane.scheduler.executor
+    return executor.pid if isinstance(executor, RemoteExecutor) else None

@@ -63,6 +63,10 @@ class MortalToy(ToyExecutor):
             assert self.read_gate.wait(WAIT_S), "the test never opened the read gate"
         return super().read_checkpoint(work)  # read before the kill: it answers
 
+    def release_memory(self) -> None:
+        self._alive()
+        super().release_memory()
+
     def adapter_memory(self) -> AdapterMemory:
         self.asked.set()
         if self.gate is not None:
@@ -277,3 +281,22 @@ def test_a_worker_computing_other_bits_is_flagged_and_a_dead_one_is_reported_los
 class DeadToy(ToyExecutor):
     def adapter_memory(self) -> AdapterMemory:
         raise WorkerLostError("engine worker w9 was lost (ActorDiedError)")
+
+
+def test_an_idle_worker_that_dies_is_noticed_and_replaced(
+        pool: tuple[Lanes, list[MortalToy]], stores: Stores) -> None:
+    """A worker with nothing to do dies: its lane's idle liveness check (the clock loop's
+    `release_memory`) finds it within about a second, its saved run moves to the survivor
+    and a replacement joins, before any op of that run arrives."""
+    lanes, toys = pool
+    run(lanes, create("a:train:0", tenant="alice"))
+    run(lanes, save("a:train:0", 1, stores, "ckpt", tenant="alice"))
+    a_toy = toys[0] if toys[0].has_adapter("a:train:0") else toys[1]
+    a_toy.kill()
+    for _ in range(200):
+        if len(toys) == 3 and len(lanes.schedulers()) == 2:
+            break
+        threading.Event().wait(0.05)
+    assert len(toys) == 3 and len(lanes.schedulers()) == 2, "noticed and replaced"
+    survivor = next(t for t in toys[:2] if t is not a_toy)
+    assert survivor.has_adapter("a:train:0"), "the run moved without waiting for an op"
