@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +204,65 @@ def test_random_nodes_get_a_user_error_or_a_loss_never_a_crash(
     if response.status_code == 400:
         assert response.json()["error"]
     assert not os.path.exists(tmp_path / "pwned")
+
+
+def repeat_bomb(logprobs, advantages):  # type: ignore[no-untyped-def]
+    """Allowed operations only: a [T] input repeated a million times."""
+    return logprobs.repeat(1_000_000).sum() + advantages.sum(), {}
+
+
+def concat_bomb(logprobs, advantages):  # type: ignore[no-untyped-def]
+    """Allowed operations only: concatenations doubling a [N] input 24 times."""
+    x = advantages
+    for _ in range(24):
+        x = torch.cat([x, x])
+    return logprobs.sum() * x.sum(), {}
+
+
+def big_int(logprobs, advantages):  # type: ignore[no-untyped-def]
+    """A constant past 63 bits (what a Python big-int pow leaves in a graph)."""
+    return (logprobs * advantages).sum() * (7 ** 40), {}
+
+
+def test_hostile_losses_beside_a_training_tenant_leave_it_bitwise_unaffected(
+        fuzz_server: str, reference_server: str, tmp_path: Path) -> None:
+    """While another tenant trains, one tenant throws size bombs made of allowed operations
+    (outer product, repeat, repeated concatenation), a >63-bit constant and the refused
+    graphs above: each fails its own request (a user error, or a 400 at creation), and the
+    trainer's every step is bitwise its replay on a server nobody attacked."""
+    from tests.fuzz.trainer import ConcurrentTrainer, assert_unaffected, replay
+
+    key = f"tml-fuzz-{uuid.uuid4().hex[:10]}"
+    client = tinker.ServiceClient(base_url=fuzz_server, api_key=key)
+    trainer = ConcurrentTrainer(fuzz_server)
+    trainer.start()
+    started = time.monotonic()
+    tc = client.create_lora_training_client(base_model=DEFAULT_MODEL_NAME, rank=4).result()
+    wide = types.Datum(model_input=types.ModelInput.from_ints([2, 3, 4, 5]), loss_fn_inputs={
+        "target_tokens": [3, 4, 5, 6],
+        "advantages": types.TensorData(data=[1.0] * 1_500_000, dtype="float32",
+                                       shape=[1_500_000])})
+    outcomes: dict[str, str] = {}
+    handles = {}
+    for bomb in (outer_product, repeat_bomb, concat_bomb, big_int):
+        try:
+            handles[bomb.__name__] = client.create_custom_loss(bomb, RANKS).result()
+        except tinker.BadRequestError as exc:  # refused when uploaded: nothing runs
+            outcomes[bomb.__name__] = f"refused: {exc}"
+    for _ in range(2):
+        for name, handle in handles.items():
+            with pytest.raises(tinker.RequestFailedError) as info:
+                tc.forward_backward([wide], "custom", {"loss_id": handle.loss_id}).result()
+            assert info.value.category == types.RequestErrorCategory.User, name
+            outcomes[name] = f"failed: {info.value}"
+        sid = client.holder.get_session_id()
+        for label, nodes in hostile_nodes(tmp_path / "pwned").items():
+            assert post(fuzz_server, key, body(sid, nodes)).status_code == 400, label
+    window = (started, time.monotonic())
+    trace = trainer.stop()
+    client.close("success").result(timeout=30)
+    assert "elements" in outcomes["outer_product"], outcomes
+    assert "elements" in outcomes["concat_bomb"] or "refused" in outcomes["concat_bomb"]
+    assert outcomes["big_int"].startswith("refused"), outcomes
+    assert not (tmp_path / "pwned").exists()
+    assert_unaffected(trainer, trace, replay(reference_server, len(trace.steps)), window)
