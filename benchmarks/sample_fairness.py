@@ -12,7 +12,9 @@ worked before these bounds). Per round, for each server in turn (interleaved):
 - ``beside``: the same while the heavy tenant keeps ``--heavy-clients`` samples of
   ``--heavy-prompt``-token prompts in flight (each client resubmits as soon as one returns),
   for two heavy workloads: ``distinct`` prompts (every request its own: nothing is cached) and
-  one ``shared`` prompt (what a GRPO group sends: the engine's prefix cache holds it).
+  one ``shared`` prompt (what a GRPO group sends: the engine's prefix cache holds it); and
+  a ``training`` flood: 4 SDK clients of the heavy tenant each looping forward_backward
+  (8 × 1024 tokens) + optim_step (``scheduler.sampling_cycle_tokens`` is the bound at work).
 Reports the light tenant's p50 / p95 latency and the beside / solo ratio of its p50, and the
 heavy tenant's completed samples per second (what the bounds cost it, relative to ``off``).
 Records the load average and the GEMM probe in the same run. Writes ``sample_fairness.json``
@@ -43,11 +45,14 @@ from benchmarks import RESULTS
 MODEL = "tiny"
 UNBOUNDED = "1000000000"
 SCHEDULER_OFF = {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED,
-                 "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}
+                 "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0",
+                 "LORAPLEX_SCHEDULER_SAMPLING_CYCLE_TOKENS": UNBOUNDED}
 MODES = {"on": {}, "engine_only": SCHEDULER_OFF,
          "off": {**SCHEDULER_OFF, "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
 LIGHT_SAMPLES = 20
-WORKLOADS = ("distinct", "shared")
+WORKLOADS = ("distinct", "shared", "training")
+TRAIN_CLIENTS = 4
+TRAIN_BATCH = (8, 1024)  # datums × tokens per forward_backward
 
 
 def start(mode: str, data_dir: Path) -> Any:
@@ -64,11 +69,14 @@ def start(mode: str, data_dir: Path) -> Any:
     return server
 
 
-def sampler(url: str, key: str) -> Any:
+def service(url: str, key: str) -> Any:
     import tinker
 
-    return tinker.ServiceClient(base_url=url, api_key=key).create_sampling_client(
-        base_model=MODEL).result()
+    return tinker.ServiceClient(base_url=url, api_key=key)
+
+
+def sampler(url: str, key: str) -> Any:
+    return service(url, key).create_sampling_client(base_model=MODEL).result()
 
 
 def light_latencies(client: Any) -> list[float]:
@@ -123,10 +131,39 @@ class Heavy:
             t.join(600)
 
 
-def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int, distinct: bool
+class Trainers(Heavy):
+    """``clients`` training clients of the heavy tenant, each stepping until stopped."""
+
+    def __init__(self, service: Any, clients: int) -> None:
+        from tinker import types
+
+        self._types = types
+        self._clients = [service.create_lora_training_client(base_model=MODEL, rank=8)
+                         .result() for _ in range(clients)]
+        n, t = TRAIN_BATCH
+        self._data = [types.Datum(model_input=types.ModelInput.from_ints(
+            [(i * 13 + j) % 1000 + 3 for j in range(t)]), loss_fn_inputs={
+            "target_tokens": [(i * 13 + j + 1) % 1000 + 3 for j in range(t)],
+            "weights": [1.0] * t}) for i in range(n)]
+        self._stop = threading.Event()
+        self.done = 0
+        self._threads = [threading.Thread(target=self._train, args=(tc,), daemon=True)
+                         for tc in self._clients]
+
+    def _train(self, tc: Any) -> None:
+        adam = self._types.AdamParams(learning_rate=1e-4)
+        while not self._stop.is_set():
+            tc.forward_backward(self._data, "cross_entropy").result()
+            tc.optim_step(adam).result()
+            self.done += 1
+
+
+def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int, workload: str
               ) -> dict[str, Any]:
     solo = light_latencies(light)
-    with Heavy(heavy, clients, prompt_tokens, distinct) as flood:
+    flood = (Trainers(heavy, TRAIN_CLIENTS) if workload == "training"
+             else Heavy(heavy, clients, prompt_tokens, workload == "distinct"))
+    with flood:
         time.sleep(3.0)  # the heavy tenant is at its steady state
         started, done_before = time.perf_counter(), flood.done
         beside = light_latencies(light)
@@ -199,14 +236,16 @@ def main() -> None:
         try:
             clients = {mode: (sampler(s.base_url, "tml-light"), sampler(s.base_url, "tml-heavy"))
                        for mode, s in servers.items()}
+            services = {mode: service(s.base_url, "tml-heavy") for mode, s in servers.items()}
             rounds: dict[str, list[dict[str, Any]]] = {
                 f"{m}/{w}": [] for w in workloads for m in MODES}
             for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
                 for workload in workloads:
                     for mode, (light, heavy) in clients.items():
                         rounds[f"{mode}/{workload}"].append(one_round(
-                            light, heavy, args.heavy_clients, args.heavy_prompt,
-                            workload == "distinct"))
+                            light,
+                            heavy if workload != "training" else services[mode],
+                            args.heavy_clients, args.heavy_prompt, workload))
         finally:
             for server in servers.values():
                 server.stop()
