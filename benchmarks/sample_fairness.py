@@ -14,7 +14,8 @@ worked before these bounds). Per round, for each server in turn (interleaved):
   for two heavy workloads: ``distinct`` prompts (every request its own: nothing is cached) and
   one ``shared`` prompt (what a GRPO group sends: the engine's prefix cache holds it); and
   a ``training`` flood: 4 SDK clients of the heavy tenant each looping forward_backward
-  (8 × 1024 tokens) + optim_step (``scheduler.sampling_cycle_tokens`` is the bound at work).
+  (8 × 1024 tokens) + optim_step (no sampling bound applies to it: it measures how long a
+  sample waits beside training).
 Reports the light tenant's p50 / p95 latency and the beside / solo ratio of its p50, and the
 heavy tenant's completed samples per second (what the bounds cost it, relative to ``off``).
 Records the load average and the GEMM probe in the same run. Writes ``sample_fairness.json``
@@ -45,8 +46,7 @@ from benchmarks import RESULTS
 MODEL = "tiny"
 UNBOUNDED = "1000000000"
 SCHEDULER_OFF = {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED,
-                 "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0",
-                 "LORAPLEX_SCHEDULER_SAMPLING_CYCLE_TOKENS": UNBOUNDED}
+                 "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}
 MODES = {"on": {}, "engine_only": SCHEDULER_OFF,
          "off": {**SCHEDULER_OFF, "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
 LIGHT_SAMPLES = 20

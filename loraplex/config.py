@@ -122,9 +122,6 @@ class SchedulerConfig:
             cache by default: most samples stop before max_tokens, and when pages do run out
             the engine preempts and later recomputes its newest sequences.
         sample_share: engine-time share sampling gets while training also waits (0..1).
-        sampling_cycle_tokens: most datum tokens one training cycle packs while sampling
-            requests wait or run (a sample waits for the cycle in progress, so beside one the
-            cycles stay short; ``token_budget`` otherwise).
         sample_prefill_tokens_per_step: prompt tokens sampling admits per step (the first
             request always), so a burst of long prompts is prefilled over several steps and a
             short request admitted beside it is not held behind all of them.
@@ -159,7 +156,6 @@ class SchedulerConfig:
     sample_share: float = 0.5
     sample_prefill_tokens_per_step: int = 8192
     sample_max_tenant_share: float = 0.75
-    sampling_cycle_tokens: int = 2048
     seq_gap_timeout_s: float | None = 900.0
     cycle_history: int = 4096
     io_threads: int = 2
@@ -174,7 +170,7 @@ class SchedulerConfig:
             raise user_error("sample_max_tenant_share",
                              f"must be in (0, 1], got {self.sample_max_tenant_share}")
         for name in ("decode_steps_per_cycle", "stream_decode_steps",
-                     "sample_prefill_tokens_per_step", "sampling_cycle_tokens"):
+                     "sample_prefill_tokens_per_step"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 

@@ -53,12 +53,10 @@ class CyclePacker:
         self._fairness = DeficitRoundRobin(quantum)
         self._last_demand: dict[str, tuple[int, float]] = {}  # tenant → (tokens, when)
 
-    def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig, now: float = 0.0,
-             budget: int | None = None) -> PackedCycle:
+    def pack(self, runs: dict[str, list[WorkItem]], config: SchedulerConfig, now: float = 0.0
+             ) -> PackedCycle:
         """Choose the cycle's ops from ``runs`` (model id → its non-empty ready run) under
-        ``budget`` tokens (default ``config.token_budget``; ``config.timeslice``: one
-        model)."""
-        budget = config.token_budget if budget is None else budget
+        ``config.token_budget`` (``config.timeslice``: one model)."""
         fwd = {m: [it for it in r if not isinstance(it.op, OptimStepWork)]
                for m, r in runs.items()}
         order = sorted(runs, key=lambda m: runs[m][0].enqueued_at)
@@ -67,13 +65,13 @@ class CyclePacker:
             # (A turn counter over a changing ready set skips models: fairness 12× at K=16.)
             model = order[0]
             runs = {model: runs[model]}
-            chosen = _prefix_within(fwd[model], budget)
+            chosen = _prefix_within(fwd[model], config.token_budget)
         else:
             by_tenant: defaultdict[str, list[WorkItem]] = defaultdict(list)
             for m in order:
                 by_tenant[runs[m][0].tenant].extend(fwd[m])
             caps = self._caps(by_tenant, config, now)
-            chosen = self._fairness.select(by_tenant, budget, caps=caps)
+            chosen = self._fairness.select(by_tenant, config.token_budget, caps=caps)
         taken = Counter(it.model_id for it in chosen)
         batch: list[WorkItem] = []
         optim: list[WorkItem] = []

@@ -23,11 +23,10 @@ Policy (`_plan_locked`, the one place it lives):
    A **clock cycle** is one engine ``forward_backward`` call packing the ready forward /
    forward_backward ops of many models — for each model its *run*: several consecutive ops
    (a call's chunks) when no optim_step / save / load sits between them — chosen by deficit
-   round-robin over tenants up to ``token_budget`` datum tokens (``sampling_cycle_tokens``
-   while samples wait or run: a sample waits for the cycle in progress), then one
-   ``optim_step`` call for every model whose run ended in an optim_step (or whose head is
-   one). So a forward_backward and the optim_step submitted right after it complete in the
-   same cycle: a pipelined client needs one cycle per step. ``timeslice`` packs one model per cycle.
+   round-robin over tenants up to ``token_budget`` datum tokens, then one ``optim_step`` call
+   for every model whose run ended in an optim_step (or whose head is one). So a
+   forward_backward and the optim_step submitted right after it complete in the same cycle:
+   a pipelined client needs one cycle per step. ``timeslice`` packs one model per cycle.
 5. A sampling step admits waiting requests by deficit round-robin over tenants while their KV
    reservations fit ``sample_kv_budget_tokens`` (`SampleQueue`), then decodes every running
    sequence for up to ``decode_steps_per_cycle`` steps; requests join and leave between steps.
@@ -417,9 +416,7 @@ class Scheduler:
         return self._build_cycle(runs, now)
 
     def _build_cycle(self, runs: dict[str, list[WorkItem]], now: float) -> CyclePlan:
-        budget = (min(self.config.token_budget, self.config.sampling_cycle_tokens)
-                  if self._samples.has_work() else self.config.token_budget)
-        packed = self._packer.pack(runs, self.config, now, budget)
+        packed = self._packer.pack(runs, self.config, now)
         for model_id, items in packed.started.items():
             self._queues[model_id].start(items, now)
         return CyclePlan(packed.batch, packed.optim)

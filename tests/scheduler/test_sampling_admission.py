@@ -246,25 +246,3 @@ def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stor
         assert later.request_id in [it.request_id for it in step()], "room is kept for bob"
     while s._samples.has_work():
         step()
-
-
-def test_training_cycles_stay_short_while_samples_wait(toy: ToyExecutor, stores: Stores
-                                                       ) -> None:
-    """Alone, a cycle packs up to ``token_budget`` datum tokens; while a sample waits or runs
-    it packs at most ``sampling_cycle_tokens`` (the sample waits for one cycle)."""
-    s = make_scheduler(toy, stores, token_budget=4096, sampling_cycle_tokens=512,
-                       sample_share=0.5, decode_steps_per_cycle=1)
-    s.submit(create("m:train:0"))
-    drain(s)
-    for seq in range(1, 33):  # 248 tokens each, 7936 together
-        s.submit(fwd_bwd("m:train:0", seq, [datum([2 + i % 60 for i in range(248)])]))
-    plan = s.plan()
-    assert isinstance(plan, CyclePlan) and sum(it.num_tokens for it in plan.batch) > 512
-    s.complete(plan, run_plan(toy, plan))
-    s.submit(sample([2, 3], tenant="bob", max_tokens=400))
-    sizes = []
-    while (plan := s.plan()) is not None:
-        if isinstance(plan, CyclePlan) and s._samples.has_work():
-            sizes.append(sum(it.num_tokens for it in plan.batch))
-        s.complete(plan, run_plan(toy, plan))
-    assert sizes and max(sizes) <= 512
