@@ -8,6 +8,7 @@ The directory appears atomically (written beside it, then renamed).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -99,6 +100,10 @@ def config_dict(arch: str, size: str, token_ids: Mapping[str, int | None] | None
                     truncate=False, original_max_position_embeddings=4096)
     if shape.partial_rotary_factor != 1.0:
         rope["partial_rotary_factor"] = shape.partial_rotary_factor
+    if shape.mrope:  # Qwen3-VL's 24:20:20 of 64 frequencies, scaled to the head
+        half = int(s.head_dim * shape.partial_rotary_factor) // 2
+        rows = cols = half * 20 // 64
+        rope |= {"mrope_section": [half - rows - cols, rows, cols], "mrope_interleaved": True}
     text: dict[str, Any] = dict(
         vocab_size=s.vocab_size, hidden_size=s.hidden_size, num_hidden_layers=s.num_layers,
         num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
@@ -114,9 +119,13 @@ def config_dict(arch: str, size: str, token_ids: Mapping[str, int | None] | None
     if fam.text_config is None:
         return {"architectures": [fam.hf_class], "model_type": fam.model_types[0], **text}
     text["model_type"] = fam.model_types[0]
+    vision_ids = {k: v for k, v in (token_ids or {}).items() if k in VISION_TOKEN_KEYS}
     return {"architectures": [fam.hf_class], "model_type": fam.model_types[-1],
-            fam.text_config: text, "vision_config": tiny_vision(s.hidden_size),
-            "tie_word_embeddings": shape.tied, **(token_ids or {})}
+            fam.text_config: text,
+            "vision_config": tiny_vision(s.hidden_size, deepstack=shape.deepstack),
+            "tie_word_embeddings": shape.tied,
+            **{k: v for k, v in (token_ids or {}).items() if k not in VISION_TOKEN_KEYS},
+            **vision_ids}
 
 
 def _expert_keys(fam: Family, size: str) -> dict[str, Any]:
@@ -134,12 +143,36 @@ def _expert_keys(fam: Family, size: str) -> dict[str, Any]:
                        mlp_only_layers=[])
 
 
-def tiny_vision(out_hidden_size: int) -> dict[str, Any]:
-    """A vision tower small enough for tests (the engine does not run it yet: images are
-    refused; it makes the checkpoint a complete one of the multimodal class)."""
-    return {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+#: config.json keys of the image marker tokens, and the tokens they name.
+VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                 "vision_start_token_id": "<|vision_start|>",
+                 "vision_end_token_id": "<|vision_end|>"}
+VISION_TOKEN_KEYS = tuple(VISION_TOKENS)
+#: The built-ins' image processor bounds (``preprocessor_config.json``): 8-pixel patches merged
+#: 2×2, so 16×16 pixels per token, from 4 to 64 tokens per image.
+BUILTIN_MIN_PIXELS = 32 * 32
+BUILTIN_MAX_PIXELS = 128 * 128
+
+
+def tiny_vision(out_hidden_size: int, deepstack: bool = False) -> dict[str, Any]:
+    """A vision tower small enough for tests: 2 blocks of width 32 over 8-pixel patches
+    (DeepStack after the first, where the family has it)."""
+    return {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
             "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
-            "out_hidden_size": out_hidden_size, "num_position_embeddings": 64}
+            "out_hidden_size": out_hidden_size, "num_position_embeddings": 64,
+            **({"deepstack_visual_indexes": [0]} if deepstack else {})}
+
+
+def preprocessor_config(vision: Mapping[str, Any]) -> dict[str, Any]:
+    """The image processor a built-in ships (transformers' ``Qwen2VLImageProcessor``
+    keys), so clients compute the same token counts as the server."""
+    return {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "do_convert_rgb": True, "patch_size": vision["patch_size"],
+            "temporal_patch_size": vision["temporal_patch_size"],
+            "merge_size": vision["spatial_merge_size"],
+            "size": {"shortest_edge": BUILTIN_MIN_PIXELS, "longest_edge": BUILTIN_MAX_PIXELS}}
 
 
 def builtin_spec(arch: str, size: str) -> ModelSpec:
@@ -156,6 +189,9 @@ def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
     ids = {"bos_token_id": token_id(tokenizer, fam.bos or fam.special[0]),
            "eos_token_id": token_id(tokenizer, fam.eos),
            "pad_token_id": token_id(tokenizer, fam.pad) if fam.pad else None}
+    if _shape(arch)[0].text_config is not None:
+        ids |= {key: token_id(tokenizer, token) for key, token in VISION_TOKENS.items()
+                if token in fam.special}
     values = config_dict(arch, size, ids)
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     config.architectures = values["architectures"]
@@ -209,6 +245,9 @@ def create_builtin_model(directory: str | Path, arch: str = "qwen3", size: str =
         spec = ModelSpec.from_dir(staging)
         save_weights(staging, spec, random_weights(spec, seed),
                      extra=vision_tensors(config, seed))
+        if spec.vision is not None:
+            (staging / "preprocessor_config.json").write_text(json.dumps(
+                preprocessor_config(config.vision_config.to_dict()), indent=2))
         if target.exists():
             target.rmdir()
         staging.rename(target)

@@ -127,6 +127,16 @@ TOKENIZER_FAMILIES = {
         generation_eos=("<|im_end|>", "<|endoftext|>"),
         chat_template=QWEN_CHAT_TEMPLATE,
     ),
+    # Qwen3-VL: Qwen3's tokens plus the vision markers (images stand as <|image_pad|> runs).
+    "qwen3_vl": TokenizerFamily(
+        regex=QWEN_REGEX,
+        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
+        added=("<think>", "</think>"),
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        generation_eos=("<|im_end|>", "<|endoftext|>"),
+        chat_template=QWEN_CHAT_TEMPLATE,
+    ),
     # Qwen3.5: Qwen's chat tokens plus its vision and tool tokens (the template: see above).
     "qwen3_5": TokenizerFamily(
         regex=QWEN_REGEX,

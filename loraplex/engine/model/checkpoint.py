@@ -16,6 +16,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.vision_spec import VisionSpec
+from loraplex.engine.model.vision_weights import (
+    VisionWeights,
+    expected_vision_names,
+    vision_from_hf,
+)
 from loraplex.engine.model.weights import (
     BaseWeights,
     expected_names,
@@ -89,6 +95,19 @@ def load_weights(
         raise user_error("model", f"{model_dir}: {err}") from None
     _check_shapes(spec, weights)
     return weights
+
+
+def load_vision_weights(model_dir: str | Path, vision: VisionSpec, device: torch.device,
+                        dtype: torch.dtype) -> VisionWeights:
+    """The checkpoint's vision tower (``model.visual.*``) in ``dtype`` on ``device``."""
+    wanted = expected_vision_names(vision)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in shard_files(Path(model_dir)):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118
+                if name in wanted:
+                    tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    return vision_from_hf(vision, tensors)
 
 
 def canonical_name(spec: ModelSpec, stored: str) -> str | None:

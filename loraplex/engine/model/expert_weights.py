@@ -124,18 +124,27 @@ def expert_names(experts: ExpertSpec, layer: int, fused: bool = False) -> list[s
 
 
 def experts_from_hf(experts: ExpertSpec, layer: int,
-                    tensors: MutableMapping[str, torch.Tensor]) -> ExpertWeights:
+                    tensors: MutableMapping[str, torch.Tensor],
+                    transposed: bool = False) -> ExpertWeights:
     """Stack one layer's per-expert tensors, removing them from ``tensors`` as it goes (so a
     checkpoint's experts exist twice for one layer at most).
 
     Raises:
         KeyError: a tensor is missing (the caller turns it into a user error).
         ValueError: gate, up and down shapes do not fit together.
+
+    ``transposed``: the fused tensors may be stored ``(E, d, 2f)`` and ``(E, f, d)``
+    (Qwen3-VL-MoE's released checkpoints; transformers transposes them at load, and saves
+    its own layout): told apart by their shapes.
     """
     shared = None
     if experts.shared_intermediate_size:
         shared = SharedExpertWeights(**{f: tensors.pop(n) for f, n in shared_names(layer).items()})
     if fused_name(layer, "gate_up_proj") in tensors:
+        if transposed and _stored_transposed(experts, layer, tensors):
+            for name in ("gate_up_proj", "down_proj"):
+                key = fused_name(layer, name)
+                tensors[key] = tensors[key].transpose(1, 2).contiguous()
         fused = _fused_from_hf(experts, layer, tensors)
         fused.shared = shared
         return fused
@@ -151,6 +160,19 @@ def experts_from_hf(experts: ExpertSpec, layer: int,
                          torch.stack(down), shared)
 
 
+def _stored_transposed(experts: ExpertSpec, layer: int,
+                       tensors: MutableMapping[str, torch.Tensor]) -> bool:
+    """Whether a layer's fused experts are in the released ``(E, d, 2f)`` / ``(E, f, d)``
+    layout rather than transformers' ``(E, 2f, d)`` / ``(E, d, f)`` (by whichever tensor's
+    shape tells them apart)."""
+    f = experts.expert_intermediate_size
+    down = tensors[fused_name(layer, "down_proj")].shape
+    gate_up = tensors[fused_name(layer, "gate_up_proj")].shape
+    if len(down) == 3 and down[1] != down[2]:
+        return down[1] == f
+    return len(gate_up) == 3 and gate_up[2] == 2 * f and gate_up[1] != 2 * f
+
+
 def _fused_from_hf(experts: ExpertSpec, layer: int,
                    tensors: MutableMapping[str, torch.Tensor]) -> ExpertWeights:
     gate_up = tensors.pop(fused_name(layer, "gate_up_proj"))
@@ -163,10 +185,16 @@ def _fused_from_hf(experts: ExpertSpec, layer: int,
     return ExpertWeights(tensors.pop(router_name(layer)), gate_up, down)
 
 
-def expert_named_tensors(layer: int, weights: ExpertWeights) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF names and (views of) the tensors, as `expert_names` lists them."""
+def expert_named_tensors(layer: int, weights: ExpertWeights, transposed: bool = False
+                         ) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF names and (views of) the tensors, as `expert_names` lists them; ``transposed``:
+    fused and transposed, as Qwen3-VL-MoE stores them."""
     f = weights.down_E_D_F.shape[2]
     yield router_name(layer), weights.router_E_D
+    if transposed:
+        yield fused_name(layer, "gate_up_proj"), weights.gate_up_E_2F_D.transpose(1, 2)
+        yield fused_name(layer, "down_proj"), weights.down_E_D_F.transpose(1, 2)
+        return
     for e in range(weights.num_experts):
         yield expert_name(layer, e, "gate_proj"), weights.gate_up_E_2F_D[e, :f]
         yield expert_name(layer, e, "up_proj"), weights.gate_up_E_2F_D[e, f:]

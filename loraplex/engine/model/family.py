@@ -38,6 +38,9 @@ class BuiltinShape:
         extra_config: config.json keys the family's built-ins set beyond the shared ones.
         sizes: the sizes it is built in (`engine.builtin.model.SIZES` keys; a ``-long``
             size is its base size with a 40,960-position context).
+        mrope: its rope has M-RoPE sections (Qwen3-VL's 24:20:20 split of the rotating
+            frequencies, scaled to the head).
+        deepstack: its built-in vision tower feeds DeepStack features (Qwen3-VL).
     """
 
     suffix: str | None
@@ -50,6 +53,8 @@ class BuiltinShape:
     layer_types: Mapping[str, tuple[LayerType, ...]] | None = None
     extra_config: Mapping[str, object] = field(default_factory=dict)
     sizes: tuple[str, ...] = ("tiny", "small")
+    mrope: bool = False
+    deepstack: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,15 @@ class Family:
         attention_sinks: a learned per-head logit in every softmax denominator (gpt-oss).
         experts: the routed-experts flavour of its sparse layers (``none``: dense).
         layer_types: the token mixers its layers may have (`linear_attention_spec`).
-        ignored_weights: name prefixes of checkpoint tensors the engine does not use (a
-            vision tower, multi-token-prediction heads).
+        ignored_weights: name prefixes of checkpoint tensors the decoder does not use (a
+            vision tower, read by `vision_weights` instead; multi-token-prediction heads).
+        vision: a config with a ``vision_config`` carries a vision tower the engine runs
+            (`vision_spec`): image inputs, M-RoPE positions.
+        mrope_section: the M-RoPE split transformers assumes when a config names none.
+        experts_renormalize: its routers always renormalise the top-k weights (a config
+            without ``norm_topk_prob``: Qwen3-VL-MoE's).
+        experts_transposed: its fused experts are stored ``(E, d, 2f)`` / ``(E, f, d)``
+            (Qwen3-VL-MoE's checkpoints), and its built-ins write them so.
         builtin: its built-in models (None: none).
     """
 
@@ -101,6 +113,10 @@ class Family:
     experts: ExpertKind = "none"
     layer_types: tuple[LayerType, ...] = ("full_attention",)
     ignored_weights: tuple[str, ...] = ()
+    vision: bool = False
+    mrope_section: tuple[int, int, int] | None = None
+    experts_renormalize: bool = False
+    experts_transposed: bool = False
     builtin: BuiltinShape | None = None
 
     @property
@@ -137,7 +153,8 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
            model_types=("qwen3_5_text", "qwen3_5"), tokenizer="qwen3_5",
            text_config="text_config", qk_norm=True, zero_centered_norms=True,
            attention_gate=True, layer_types=("linear_attention", "full_attention"),
-           ignored_weights=("model.visual.", "mtp."),
+           ignored_weights=("model.visual.", "mtp."), vision=True,
+           mrope_section=(11, 11, 10),
            builtin=BuiltinShape(suffix="qwen35", intermediate_size={"tiny": 384, "small": 2048},
                                 tied=True, rope_theta=1e7, partial_rotary_factor=0.25,
                                 layer_types=_QWEN3_5_TYPES, extra_config=_QWEN3_5_LINEAR)),
@@ -157,11 +174,26 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
            text_config="text_config", qk_norm=True, zero_centered_norms=True,
            attention_gate=True, experts="qwen3_5_moe",
            layer_types=("linear_attention", "full_attention"),
-           ignored_weights=("model.visual.", "mtp."),
+           ignored_weights=("model.visual.", "mtp."), vision=True,
+           mrope_section=(11, 11, 10),
            builtin=BuiltinShape(suffix="qwen35-moe",
                                 intermediate_size={"tiny": 384, "small": 2048}, tied=False,
                                 rope_theta=1e7, partial_rotary_factor=0.25,
                                 layer_types=_QWEN3_5_TYPES, extra_config=_QWEN3_5_LINEAR)),
+    Family(arch="qwen3_vl", hf_classes=("Qwen3VLForConditionalGeneration",),
+           model_types=("qwen3_vl_text", "qwen3_vl"), tokenizer="qwen3_vl",
+           text_config="text_config", qk_norm=True, ignored_weights=("model.visual.",),
+           vision=True, mrope_section=(24, 20, 20),
+           builtin=BuiltinShape(suffix="vl", intermediate_size={"tiny": 384, "small": 2048},
+                                tied=True, rope_theta=5e6, mrope=True, deepstack=True)),
+    Family(arch="qwen3_vl_moe", hf_classes=("Qwen3VLMoeForConditionalGeneration",),
+           model_types=("qwen3_vl_moe_text", "qwen3_vl_moe"), tokenizer="qwen3_vl",
+           text_config="text_config", qk_norm=True, experts="qwen3_moe",
+           experts_renormalize=True, experts_transposed=True,
+           ignored_weights=("model.visual.",), vision=True, mrope_section=(24, 20, 20),
+           builtin=BuiltinShape(suffix="vl-moe",
+                                intermediate_size={"tiny": 384, "small": 2048}, tied=False,
+                                rope_theta=5e6, mrope=True, deepstack=True)),
 )}
 ARCHES: tuple[str, ...] = tuple(FAMILIES)
 

@@ -13,12 +13,13 @@ import torch
 from loraplex.config import EngineConfig
 from loraplex.engine.kernels.attention_kernel import attention_kernel
 from loraplex.engine.kernels.gemm_order import gemm_kernel
-from loraplex.engine.model.checkpoint import load_weights
+from loraplex.engine.model.checkpoint import load_vision_weights, load_weights
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
 from loraplex.engine.model.row_quantum import row_quantum
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.stage import Stage, plan_stages
 from loraplex.engine.model.transformer import RANK_MULTIPLE, ComputeOptions, Transformer
+from loraplex.engine.model.vision import VisionTower
 from loraplex.errors import user_error
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -107,7 +108,11 @@ def load_model(model_dir: str | Path, config: EngineConfig | None = None,
         weights = load_gguf_weights(gguf_file, spec, device, dtype)
     else:
         weights = load_weights(model_dir, spec, device, dtype)
-    return Transformer(spec, weights, compute_options(config, spec, device, dtype))
+    vision = None
+    if spec.vision is not None and gguf_file is None and spec.holds_embed:
+        vision = VisionTower(spec.vision, load_vision_weights(model_dir, spec.vision, device,
+                                                              dtype))
+    return Transformer(spec, weights, compute_options(config, spec, device, dtype), vision)
 
 
 def model_stages(model_dir: str | Path, config: EngineConfig, count: int) -> list[Stage]:

@@ -63,8 +63,8 @@ class ExpertSpec:
         return e * d + e * 3 * d * f + shared + biases
 
 
-def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = False
-                  ) -> ExpertSpec:
+def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = False,
+                  renormalize: bool = False) -> ExpertSpec:
     """The experts of a ``qwen3_moe`` config, or with ``shared`` a ``qwen3_5_moe`` one (a
     shared expert; the top-k renormalised unless the config says otherwise).
 
@@ -93,7 +93,7 @@ def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = Fal
     dense_only = {int(i) for i in config.get("mlp_only_layers") or ()}
     sparse = tuple(i for i in range(num_layers) if i not in dense_only and (i + 1) % step == 0)
     return ExpertSpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=size,
-                      norm_topk_prob=bool(config.get("norm_topk_prob", shared)),
+                      norm_topk_prob=bool(config.get("norm_topk_prob", shared or renormalize)),
                       sparse_layers=sparse, shared_intermediate_size=shared_size)
 
 

@@ -25,6 +25,7 @@ from functools import cached_property
 import torch
 
 from loraplex.engine.kernels.attention_kernel import AttentionRuns
+from loraplex.engine.model.image_rows import BatchImages, ImageSpan, batch_images, rope_positions
 from loraplex.engine.model.lora_batch import LoraRows
 from loraplex.engine.model.tile_plan import TilePlan, plan_tiles
 from loraplex.errors import user_error
@@ -42,6 +43,8 @@ class SequenceInput:
             in a training forward without persistent cache (scratch blocks are assigned).
         state_key: names the sequence's linear-attention state in the sampler's
             `LinearStates` (hybrid models); None in training.
+        images: the sequence's images (all of them, wherever the new tokens are: they place
+            its M-RoPE positions); their tokens among the new ones take the tower's output.
     """
 
     tokens: Sequence[int]
@@ -49,6 +52,7 @@ class SequenceInput:
     num_cached: int = 0
     block_table: Sequence[int] | None = None
     state_key: Hashable | None = None
+    images: Sequence[ImageSpan] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class PackedBatch:
         block_size, row_multiple: the layout parameters used.
         tiles: the attention tile plan (the torch kernel's forward, and the backward).
         seq_state_key: per input sequence, its `SequenceInput.state_key`.
+        rope_positions_3_R: M-RoPE (time, row, column) positions of each row when a sequence
+            has images; None: ``positions_R`` on all three axes.
+        images: the rows images fill (None: none).
     """
 
     tokens_R: torch.Tensor
@@ -82,6 +89,8 @@ class PackedBatch:
     row_multiple: int
     tiles: TilePlan
     seq_state_key: tuple[Hashable | None, ...] = field(default=())
+    rope_positions_3_R: torch.Tensor | None = None
+    images: BatchImages | None = None
 
     @cached_property
     def attention_runs(self) -> AttentionRuns:
@@ -183,7 +192,26 @@ def pack_sequences(
                          row_start, tables, num_rows=num_rows, block_size=block_size,
                          num_heads=num_heads, num_kv_heads=num_kv_heads, device=device),
         seq_state_key=tuple(s.state_key for s in seqs),
+        rope_positions_3_R=_rope_positions(seqs, row_start, positions, device),
+        images=batch_images([s.images for s in seqs], row_start,
+                            [s.num_cached for s in seqs], [len(s.tokens) for s in seqs],
+                            device),
     )
+
+
+def _rope_positions(seqs: Sequence[SequenceInput], row_start: Sequence[int],
+                    positions: Sequence[int], device: torch.device | str
+                    ) -> torch.Tensor | None:
+    """Every row's M-RoPE positions when some sequence has images (others: their own
+    position on each axis; pad rows 0)."""
+    if not any(s.images for s in seqs):
+        return None
+    out = torch.tensor(positions, dtype=torch.long).expand(3, -1).clone()
+    for s, start in zip(seqs, row_start, strict=True):
+        if s.images:
+            out[:, start:start + len(s.tokens)] = rope_positions(s.images, s.num_cached,
+                                                                 len(s.tokens))
+    return out.to(device)
 
 
 def _validate(seqs: Sequence[SequenceInput], block_size: int) -> None:

@@ -103,6 +103,31 @@ class RopeTable:
         return self.cos[positions][:, None, :], signed[:, None, :]
 
 
+    def lookup_mrope(self, positions_3_R: torch.Tensor, section: tuple[int, int, int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`lookup` for M-RoPE positions ``[3, N]`` (time, row, column): frequency f takes the
+        row axis's angle where ``f % 3 == 1`` and ``f < 3·section[1]``, the column axis's where
+        ``f % 3 == 2`` and ``f < 3·section[2]``, else the time axis's (transformers'
+        interleaved layout). Each angle is the table's entry for that position, so a token at
+        (p, p, p) gets `lookup`'s bits."""
+        cos_sin = [self.lookup(positions_3_R[a]) for a in range(3)]
+        axes = mrope_axes(section, self.rotary_dim, positions_3_R.device)
+        index = axes.view(1, 1, 1, -1).expand(1, positions_3_R.shape[1], 1, -1)
+        cos = torch.stack([c for c, _ in cos_sin]).gather(0, index).squeeze(0)
+        sin = torch.stack([s for _, s in cos_sin]).gather(0, index).squeeze(0)
+        return cos, sin
+
+
+def mrope_axes(section: tuple[int, int, int], rotary_dim: int,
+               device: torch.device) -> torch.Tensor:
+    """The axis (0 time, 1 row, 2 column) of each of the table's ``rotary_dim`` columns."""
+    f = torch.arange(rotary_dim // 2, device=device)
+    axes = torch.zeros_like(f)
+    axes[(f % 3 == 1) & (f < 3 * section[1])] = 1
+    axes[(f % 3 == 2) & (f < 3 * section[2])] = 2
+    return torch.cat([axes, axes])
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [N, heads, head_dim]`` by per-row ``cos``, ``signed_sin [N, 1, rotary_dim]``
     (`RopeTable.lookup`). HF's ``x·cos + rotate_half(x)·sin``, rotate_half(x) = ``(-x₂, x₁)``,

@@ -32,6 +32,8 @@ class RopeSpec:
         attention_factor: yarn's cos/sin multiplier (1 otherwise).
         partial_rotary_factor: the fraction of each head's dimensions that rotates (the first
             ones; the rest pass through).
+        mrope_section: multimodal rotary (Qwen3-VL, Qwen3.5): frequencies per (time, row,
+            column) axis, interleaved (transformers' ``mrope_interleaved``); None: one axis.
     """
 
     theta: float
@@ -45,6 +47,7 @@ class RopeSpec:
     truncate: bool = True
     attention_factor: float = 1.0
     partial_rotary_factor: float = 1.0
+    mrope_section: tuple[int, int, int] | None = None
 
     def rotary_dim(self, head_dim: int) -> int:
         """Dimensions of a head that rotate (transformers: ``int(head_dim * factor)``)."""
@@ -61,7 +64,8 @@ def rope_of(config: Mapping[str, Any], max_pos: int) -> RopeSpec:
     if not 0 < partial <= 1:
         raise user_error("config.partial_rotary_factor", f"must be in (0, 1], got {partial}")
     if kind == "default":
-        return RopeSpec(theta=theta, partial_rotary_factor=partial)
+        return RopeSpec(theta=theta, partial_rotary_factor=partial,
+                        mrope_section=_mrope_section(params))
     original = int(params.get("original_max_position_embeddings", max_pos))
     if kind == "llama3":
         return RopeSpec(theta=theta, kind="llama3", factor=float(params["factor"]),
@@ -72,6 +76,17 @@ def rope_of(config: Mapping[str, Any], max_pos: int) -> RopeSpec:
         return _yarn(params, theta, original, max_pos, partial)
     raise user_error("config.rope_parameters.rope_type",
                      f"unsupported {kind!r}; supported: default, llama3, yarn")
+
+
+def _mrope_section(params: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    section = params.get("mrope_section")
+    if section is None:
+        return None
+    if len(section) != 3 or not all(isinstance(n, int) and n >= 0 for n in section):
+        raise user_error("config.rope_parameters.mrope_section",
+                         f"expected 3 frequency counts (time, row, column), got {section}")
+    t, h, w = section
+    return (t, h, w)
 
 
 def _yarn(params: Mapping[str, Any], theta: float, original: int, max_pos: int,

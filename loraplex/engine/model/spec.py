@@ -32,6 +32,7 @@ from loraplex.engine.model.linear_attention_spec import (
 from loraplex.engine.model.moe_spec import ExpertSpec, parse_experts, parse_gpt_oss_experts
 from loraplex.engine.model.rope_spec import RopeSpec, rope_of
 from loraplex.engine.model.stage import Stage
+from loraplex.engine.model.vision_spec import VisionSpec, vision_of
 from loraplex.errors import user_error
 
 __all__ = ["ModelSpec", "RopeSpec"]
@@ -61,6 +62,8 @@ class ModelSpec:
             (``model.language_model.`` in a multimodal Qwen3.5 one).
         stage, whole: a pipeline stage's spec (`sliced`): its stage, and the whole model's
             spec; None for a whole model.
+        vision: the vision tower of a multimodal checkpoint whose family runs one (None:
+            text only; also when the config's image token is outside the vocabulary).
     """
 
     arch: str
@@ -84,6 +87,7 @@ class ModelSpec:
     weight_prefix: str = "model."
     stage: Stage | None = None
     whole: ModelSpec | None = None
+    vision: VisionSpec | None = None
 
     def sliced(self, stage: Stage) -> ModelSpec:
         """The spec of one pipeline stage: its ``num_layers`` layers numbered from 0 (their
@@ -253,11 +257,14 @@ class ModelSpec:
         """Parse a config.json mapping; unsupported features raise a UserError naming the key."""
         fam = _family_of(config)
         arch, nested = fam.arch, fam.text_config is not None and fam.text_config in config
-        if nested:  # a multimodal config: the text model's numbers (images: not yet served)
+        vision = vision_of(config) if fam.vision else None
+        if nested:  # a multimodal config: the text model's numbers
             assert fam.text_config is not None
             outer = {k: v for k, v in config.items() if k not in (fam.text_config,
                                                                    "vision_config")}
             config = {**outer, **config[fam.text_config]}
+            if "tie_word_embeddings" in outer:  # the model class's (outer) config ties
+                config["tie_word_embeddings"] = outer["tie_word_embeddings"]
         _refuse_unsupported(config, fam)
         num_heads = int(config["num_attention_heads"])
         num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
@@ -282,7 +289,7 @@ class ModelSpec:
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope=rope_of(config, max_pos),
+            rope=_with_mrope(rope_of(config, max_pos), fam),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             max_position_embeddings=max_pos,
             bos_token_id=int(bos) if isinstance(bos, int) else None,
@@ -294,7 +301,17 @@ class ModelSpec:
             weight_prefix=fam.text_prefix if nested else "model.",
             sliding_window=(int(config["sliding_window"]) if "sliding_attention" in layer_types
                             else None),
+            vision=(vision if vision is not None and vision.image_token_id < int(
+                config["vocab_size"]) else None),
         )
+
+
+def _with_mrope(rope: RopeSpec, fam: Family) -> RopeSpec:
+    """A multimodal family's rope keeps transformers' default M-RoPE split when the config
+    names none."""
+    if rope.mrope_section is None and fam.mrope_section is not None:
+        return replace(rope, mrope_section=fam.mrope_section)
+    return rope
 
 
 def _family_of(config: Mapping[str, Any]) -> Family:
@@ -338,7 +355,8 @@ def _experts_of(fam: Family, config: Mapping[str, Any], num_layers: int) -> Expe
         case "gpt_oss":
             return parse_gpt_oss_experts(config, num_layers)
         case "qwen3_moe" | "qwen3_5_moe":
-            return parse_experts(config, num_layers, shared=fam.experts == "qwen3_5_moe")
+            return parse_experts(config, num_layers, shared=fam.experts == "qwen3_5_moe",
+                                 renormalize=fam.experts_renormalize)
         case _ as unknown:
             assert_never(unknown)
 

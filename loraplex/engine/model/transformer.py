@@ -46,6 +46,7 @@ from loraplex.engine.model.moe_dispatch import TokenRows
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
 from loraplex.engine.model.rope import RopeTable, apply_rope
 from loraplex.engine.model.spec import ModelSpec
+from loraplex.engine.model.vision import ImageFeatures, VisionTower
 from loraplex.engine.model.weights import (
     BaseWeights,
     LayerWeights,
@@ -110,10 +111,12 @@ class ComputeOptions:
 class Transformer:
     """A frozen base model on one device, in one compute dtype."""
 
-    def __init__(self, spec: ModelSpec, weights: BaseWeights, options: ComputeOptions) -> None:
+    def __init__(self, spec: ModelSpec, weights: BaseWeights, options: ComputeOptions,
+                 vision: VisionTower | None = None) -> None:
         self.spec = spec
         self.weights = weights
         self.options = options
+        self.vision = vision
         first = weights.layers[0].input_norm
         self.device, self.dtype = first.device, first.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
@@ -207,7 +210,7 @@ class Transformer:
             raise user_error("lora", "LoraBatch does not match the batch's adapter segments")
         if x_R_D is None:
             x_R_D = self.embed_rows(batch)
-        cos, sin = self.rope.lookup(batch.positions_R)
+        cos, sin = self._rope(batch)
         tokens = TokenRows.of(batch, lora) if self._sparse else None
         layout = next(iter(self._linear.values())).layout(batch) if self._linear else None
         # Recomputation keeps each layer's input only; its backward reruns the layer (the same
@@ -218,18 +221,48 @@ class Transformer:
                 x_R_D = recomputed(partial(self._layer, i, cos=cos, sin=sin, batch=batch,
                                            lora=lora, kv=None, tokens=tokens, layout=layout),
                                    x_R_D, self._lora_views(i, lora), slot)
+                x_R_D = self._deepstack(i, x_R_D, batch)
         else:
             for i in range(len(self.weights.layers)):
                 x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens, layout)
+                x_R_D = self._deepstack(i, x_R_D, batch)
         if not self.spec.holds_head:
             return x_R_D
         assert self.weights.final_norm is not None
         return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
 
     def embed_rows(self, batch: PackedBatch) -> torch.Tensor:
-        """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held)."""
+        """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held); an
+        image's rows take the vision tower's embeddings instead."""
         assert self.weights.embed is not None, "this pipeline stage holds no embedding"
-        return self.weights.embed[batch.tokens_R]
+        x_R_D = self.weights.embed[batch.tokens_R]
+        if batch.images is None:
+            return x_R_D
+        return x_R_D.index_copy(0, batch.images.rows_I, batch.images.embeds_I_D.to(x_R_D.dtype))
+
+    def _rope(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of every row: M-RoPE positions where the batch has images."""
+        if batch.rope_positions_3_R is None:
+            return self.rope.lookup(batch.positions_R)
+        section = self.spec.rope.mrope_section
+        if section is None:
+            raise user_error("images", f"{self.spec.arch} models take no images")
+        return self.rope.lookup_mrope(batch.rope_positions_3_R, section)
+
+    def _deepstack(self, i: int, x_R_D: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        """After decoder layer ``i``: add the images' DeepStack features of that layer to
+        their rows (Qwen3-VL's first K layers)."""
+        images, layer = batch.images, self.spec.first_layer + i
+        if images is None or layer >= len(images.deepstack):
+            return x_R_D
+        return x_R_D.index_add(0, images.rows_I, images.deepstack[layer].to(x_R_D.dtype))
+
+    def image_features(self, pixels_P_F: torch.Tensor,
+                       grid: tuple[int, int, int]) -> ImageFeatures:
+        """The vision tower's output for one image (this model's device)."""
+        if self.vision is None:
+            raise user_error("images", f"this {self.spec.arch} model has no vision tower")
+        return self.vision(pixels_P_F.to(self.device), grid)
 
     def _lora_views(self, i: int, lora: LoraBatch | None) -> tuple[torch.Tensor, ...]:
         """The LoRA tensors decoder layer ``i`` reads (for `recomputed`)."""

@@ -157,7 +157,8 @@ class BaseWeights:
             if layer.experts is not None:
                 yield from (gpt_oss_experts.named_tensors(i, layer.experts)
                             if layer.experts.biases is not None
-                            else expert_named_tensors(i, layer.experts))
+                            else expert_named_tensors(
+                                i, layer.experts, spec.family.experts_transposed))
         yield "model.norm.weight", final_norm - 1 if centred else final_norm
         if not spec.tie_word_embeddings:
             yield "lm_head.weight", lm_head
@@ -233,7 +234,8 @@ def from_hf_state(spec: ModelSpec, tensors: dict[str, torch.Tensor]) -> BaseWeig
         experts = None
         if spec.experts is not None and spec.is_sparse(i):
             experts = (gpt_oss_experts.from_hf(spec.experts, g, tensors) if spec.experts.biases
-                       else experts_from_hf(spec.experts, g, tensors))
+                       else experts_from_hf(spec.experts, g, tensors,
+                                            spec.family.experts_transposed))
         linear = delta_net_weights.from_hf(g, tensors) if spec.is_linear(i) else None
         layers.append(LayerWeights(**values, linear=linear, experts=experts))  # type: ignore[arg-type]
     embed = tensors["model.embed_tokens.weight"] if spec.holds_embed else None
