@@ -246,16 +246,21 @@ class LimitsConfig:
         max_request_elements: most elements all decoded tensors of one request may hold
             together (checked on the shapes before any is decoded: many sparse tensors, each
             within `max_tensor_elements`, would otherwise expand a few bytes into gigabytes).
+        max_image_pixels: most pixels an image chunk may decode to (its header is read first:
+            a decompression bomb is refused before any pixel is decoded).
+        max_image_bytes: most encoded bytes of one image chunk.
     """
 
     max_body_bytes: int = 64 << 20
     max_decompressed_bytes: int = 256 << 20
     max_tensor_elements: int = 1 << 24
     max_request_elements: int = 1 << 25
+    max_image_pixels: int = 1 << 25
+    max_image_bytes: int = 32 << 20
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements",
-                     "max_request_elements"):
+                     "max_request_elements", "max_image_pixels", "max_image_bytes"):
             if getattr(self, name) < 1:
                 raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
 

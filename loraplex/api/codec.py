@@ -21,6 +21,7 @@ import zstandard
 from google.protobuf.message import DecodeError
 from tinker.proto import tinker_public_pb2 as pb
 
+from loraplex.api.model_input import checked_chunk
 from loraplex.config import LimitsConfig
 from loraplex.domain.data import Datum, ProvenanceSpan, TensorData
 from loraplex.domain.results import ForwardBackwardResult
@@ -131,16 +132,26 @@ def _check_request_elements(msg: pb.ForwardBackwardRequest, limits: LimitsConfig
 
 
 def _datum(d: pb.Datum, where: str, limits: LimitsConfig) -> Datum:
-    parts = []
+    parts, images = [], []
+    num_text = 0
     for j, chunk in enumerate(d.model_input):
-        kind = chunk.WhichOneof("chunk")
+        kind, field = chunk.WhichOneof("chunk"), f"{where}.model_input.chunks[{j}]"
+        if kind == "image":
+            image = chunk.image
+            if image.HasField("override_dimensions"):
+                raise user_error(f"{field}.override_dimensions", "not supported by this server")
+            images.append(checked_chunk(
+                image.data, image.format,
+                image.expected_tokens if image.HasField("expected_tokens") else None,
+                num_text, field, limits))
+            continue
         if kind != "encoded_text":
-            raise user_error(f"{where}.model_input.chunks[{j}]",
-                             f"{kind} chunks are not supported (text only)")
+            raise user_error(field, f"{kind} chunks are not supported (text and images)")
         raw = chunk.encoded_text.tokens
         if len(raw) % 4:
-            raise user_error(f"{where}.model_input.chunks[{j}]", "tokens are not int32 bytes")
+            raise user_error(field, "tokens are not int32 bytes")
         parts.append(np.frombuffer(raw, dtype="<i4"))
+        num_text += len(raw) // 4
     tokens_T = np.concatenate(parts).astype("<i8") if parts else np.zeros(0, dtype="<i8")
     inputs = {name: tensor(t, f"{where}.loss_fn_inputs.{name}", limits)
               for name, t in d.loss_fn_inputs.items()}
@@ -149,6 +160,7 @@ def _datum(d: pb.Datum, where: str, limits: LimitsConfig) -> Datum:
         loss_fn_inputs=inputs,
         model_input_spans=spans(d.model_input_spans, f"{where}.model_input_spans"),
         loss_fn_input_spans=spans(d.loss_fn_input_spans, f"{where}.loss_fn_input_spans"),
+        pending_images=tuple(images),
     )
 
 

@@ -17,7 +17,10 @@ import numpy as np
 from tinker import types as sdk
 from tinker.types.optimizer import OptimizerConfigBase, OptimParamsBase
 
+from loraplex.api.model_input import placed, prompt_chunks
+from loraplex.config import LimitsConfig
 from loraplex.domain.data import Datum
+from loraplex.domain.image import ImageInput
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.losses import LOSS_FN_NAMES, LossFnName, is_loss_fn_name
 from loraplex.domain.model import ModelInfo
@@ -136,17 +139,17 @@ def ttl_seconds(value: int | None, field: str = "ttl_seconds") -> int | None:
     return value
 
 
-def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt") -> array:
-    tokens: list[int] = []
-    for j, chunk in enumerate(prompt.chunks):
-        if not isinstance(chunk, sdk.EncodedTextChunk):
-            raise user_error(f"{field}.chunks[{j}]",
-                             f"{getattr(chunk, 'type', 'non-text')} chunks are not supported")
-        tokens.extend(chunk.tokens)
+def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt",
+                  limits: LimitsConfig | None = None, decoded: bool = False
+                  ) -> tuple[array, tuple[ImageInput, ...]]:
+    """A prompt's token array (each image a run of the model's placeholder token) and its
+    images (`model_input`; ``decoded``: its images were decoded off the event loop already)."""
+    text, chunks = prompt_chunks(prompt, field, limits or LimitsConfig(), decode=not decoded)
+    tokens, images = placed(chunks, text, info)
     if not tokens:
         raise user_error(field, "empty prompt")
     check_tokens(tokens, info, field)  # before packing: an id past int64 cannot be packed
-    return array("q", tokens)
+    return tokens, images
 
 
 def check_tokens(tokens: Sequence[int], info: ModelInfo, field: str) -> None:

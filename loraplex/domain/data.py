@@ -1,7 +1,8 @@
 """Training data as the engine receives it: `Datum` = model input tokens + named loss inputs.
 
-Mirrors Tinker's `Datum`/`TensorData` after decoding from protobuf. Only text is supported:
-the API layer flattens `encoded_text` chunks into one token array and refuses image/dmel chunks.
+Mirrors Tinker's `Datum`/`TensorData` after decoding from protobuf. The API layer flattens
+`encoded_text` chunks into one token array; image chunks become runs of the model's image
+placeholder token with an `ImageInput` each (`images`); dmel chunks are refused.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from loraplex.domain.image import ImageChunkIn, ImageInput
 
 DType = Literal["float32", "int64"]
 TYPECODE: dict[str, str] = {"float32": "f", "int64": "q"}
@@ -67,12 +70,18 @@ class Datum:
         loss_fn_inputs: name → tensor, each aligned with `tokens` (position i scores token i+1).
         model_input_spans: provenance of `tokens` runs (stable_reinforce).
         loss_fn_input_spans: provenance of loss-input runs, in target coordinates.
+        images: the images among `tokens` (their placeholder runs), in order.
+        pending_images: image chunks decoded from the wire but not yet placed (the codec
+            does not know the model; `api.model_input` places them): `tokens` holds the
+            text tokens only while any are pending.
     """
 
     tokens: array
     loss_fn_inputs: Mapping[str, TensorData]
     model_input_spans: tuple[ProvenanceSpan, ...] = field(default=())
     loss_fn_input_spans: tuple[ProvenanceSpan, ...] = field(default=())
+    images: tuple[ImageInput, ...] = field(default=())
+    pending_images: tuple[ImageChunkIn, ...] = field(default=())
 
     @property
     def length(self) -> int:

@@ -66,3 +66,24 @@ class ImageInput:
     def moved(self, offset: int) -> ImageInput:
         """The same image starting at another token index."""
         return ImageInput(self.data, self.format, self.size, self.grid, self.merge, offset)
+
+
+@dataclass(frozen=True)
+class ImageChunkIn:
+    """An image chunk as decoded from the wire, checked (format, header size, decodable) but
+    not yet placed: its token count depends on the model it goes to.
+
+    Attributes:
+        data, format: the bytes and their (verified) format.
+        size: (width, height) from its header.
+        expected_tokens: the client's count (None: not sent); must equal the model's.
+        at: the number of text tokens before it in its model input.
+        field: where it came from (``data[2].model_input.chunks[1]``), for errors.
+    """
+
+    data: bytes
+    format: ImageFormat
+    size: tuple[int, int]
+    expected_tokens: int | None
+    at: int
+    field: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.domain.model_card import ModelCard
+from loraplex.domain.pixel_spec import PixelSpec
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class ModelInfo:
             batch-invariance, which kernels run: the C kernels' vector width or torch's
             fallback, torch's version). Workers whose labels differ give different bits for
             the same tokens ("": not reported).
+        pixels: how its images become patches and tokens (None: it takes no images).
+        image_token_id: the placeholder token an image's tokens are (``<|image_pad|>``).
     """
 
     arch: str
@@ -31,6 +34,8 @@ class ModelInfo:
     eos_token_ids: tuple[int, ...]
     num_params: int
     compute: str = ""
+    pixels: PixelSpec | None = None
+    image_token_id: int | None = None
 
     @property
     def vocab_size(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from loraplex.domain.custom_loss import CustomLoss, CustomLossFn
 from loraplex.domain.data import Datum
+from loraplex.domain.image import ImageInput
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.losses import LossFnName
 from loraplex.domain.optim import OptimParams
@@ -110,6 +111,7 @@ class SampleWork:
             distribution the sampler draws from (every position; ``last_n`` does not apply).
         stream: report completion tokens while the request runs (`SequenceDelta`s after every
             `sample_step`), not only when it finishes.
+        images: the prompt's images (their placeholder runs in ``prompt``), in order.
     """
 
     request_id: str
@@ -124,3 +126,4 @@ class SampleWork:
     prompt_logprobs_last_n: int | None = None
     prompt_alt_tokens_k: int = 0
     stream: bool = False
+    images: tuple[ImageInput, ...] = ()

@@ -142,6 +142,7 @@ class Trainer:
             if datum.length > self.max_context:
                 raise user_error(f"data[{i}].model_input", f"length {datum.length} exceeds the "
                                  f"model's max_context {self.max_context}")
+            self.model.image_spans(datum.images)  # decoded and encoded once, here
         vocab_size = self.model.spec.vocab_size
         if work.custom_loss is not None:
             return validate_custom(work.custom_loss, work.data, vocab_size).to(
@@ -158,7 +159,8 @@ class Trainer:
         """The algorithm: pack → forward → per-work losses → backward → results (on a
         pipeline stage before the last: pack → its layers → the backward of what the last
         stage trained; its results are placeholders, the last stage's count)."""
-        seqs = [SequenceInput(d.tokens.tolist(), p.work.adapter_id)
+        seqs = [SequenceInput(d.tokens.tolist(), p.work.adapter_id,
+                              images=self.model.image_spans(d.images))
                 for p in prepared for d in p.work.data]
         any_training = any(p.is_training for p in prepared)
         long_batch = sum(len(s.tokens) for s in seqs) >= MAPPED_BATCH_TOKENS

@@ -4,19 +4,21 @@ asample, which answers the request id plus one ``sample_sequence_ids`` entry per
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from tinker import types as sdk
 
-from loraplex.api import convert, schemas
+from loraplex.api import convert, model_input, schemas
 from loraplex.api.access import checkpoint_adapter_id, readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.completion_feeds import CompletionFeeds
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.submission import new_request_id
+from loraplex.config import LimitsConfig
 from loraplex.domain import ids
 from loraplex.domain.ops import Admitted, SampleOp, WorkItem
 from loraplex.domain.tokens import check_token_range
@@ -73,7 +75,10 @@ async def get_sampler(sampler_id: str, request: Request, tenant: Tenant) -> dict
 @router.post("/asample")
 async def asample(request: Request, tenant: Tenant) -> dict[str, Any]:
     ctx, body = await parse_body(request, schemas.SampleRequest)
-    admitted = submit_sample(ctx, tenant, body, sampler_for(ctx, tenant, body))
+    if model_input.has_images(body.prompt):  # decoding is CPU work: off the event loop
+        await asyncio.to_thread(model_input.check_prompt_images, body.prompt, ctx.config.limits)
+    admitted = submit_sample(ctx, tenant, body, sampler_for(ctx, tenant, body),
+                             images_decoded=True)
     if body.sampling_session_id is not None and body.seq_id is not None:
         feeds: CompletionFeeds = request.app.state.completion_feeds
         feeds.watch((tenant, body.sampling_session_id, body.seq_id // CLONE_SEQ_IDS),
@@ -94,7 +99,7 @@ def sample_request(tokens: list[int], num_samples: int, params: sdk.SamplingPara
 
 
 def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
-                  sampler: SamplerRecord) -> Admitted:
+                  sampler: SamplerRecord, images_decoded: bool = False) -> Admitted:
     """Validate ``body`` and queue it on ``sampler``'s model: the one path every sample takes
     (``asample`` and the OpenAI-compatible routes), so equal requests sample equally.
 
@@ -102,7 +107,8 @@ def submit_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
         UserError: a bad field (nothing is queued); CapacityError: the tenant is over its
             sampling limits (HTTP 429).
     """
-    return admit_sample(prepare_sample(ctx, tenant, body, sampler))
+    return admit_sample(prepare_sample(ctx, tenant, body, sampler,
+                                       images_decoded=images_decoded))
 
 
 @dataclass(frozen=True)
@@ -115,18 +121,19 @@ class PreparedSample:
 
 
 def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
-                   sampler: SamplerRecord, stream: bool = False, ignore_eos: bool = False
-                   ) -> PreparedSample:
+                   sampler: SamplerRecord, stream: bool = False, ignore_eos: bool = False,
+                   images_decoded: bool = False) -> PreparedSample:
     """Everything `submit_sample` checks, without queueing: a request of several prompts
     checks them all before it queues any. ``stream``: its tokens are reported while it runs
-    (`FutureStore.take_progress`); ``ignore_eos``: EOS does not stop it (stop strings do).
+    (`FutureStore.take_progress`); ``ignore_eos``: EOS does not stop it (stop strings do);
+    ``images_decoded``: the prompt's images were decoded off the event loop already.
 
     Raises:
         UserError: a bad field.
     """
     served = ctx.catalog.get(sampler.base_model)
     request_id = new_request_id()
-    work = _sample_work(body, served, sampler, request_id)
+    work = _sample_work(body, served, sampler, request_id, ctx.config.limits, images_decoded)
     stop = replace(work.params.stop, use_eos=work.params.stop.use_eos and not ignore_eos)
     work = replace(work, stream=stream, params=replace(work.params, stop=stop))
     sequence_ids = tuple(f"{request_id}:{i}" for i in range(body.num_samples))
@@ -185,13 +192,14 @@ def session_sampler(ctx: ServerContext, tenant: str, sampler_id: str,
 
 
 def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: SamplerRecord,
-                 request_id: str) -> SampleWork:
+                 request_id: str, limits: LimitsConfig, images_decoded: bool) -> SampleWork:
     if body.target_prompt_logprobs is not None:
         raise user_error("target_prompt_logprobs", "not supported by this server")
     for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if getattr(body, name) < 0:
             raise user_error(name, "must be ≥ 0")
-    prompt = convert.prompt_tokens(body.prompt, served.info)
+    prompt, images = convert.prompt_tokens(body.prompt, served.info, limits=limits,
+                                           decoded=images_decoded)
     last_n = body.prompt_logprobs_last_n
     if last_n is not None and (not body.prompt_logprobs or not 1 <= last_n <= len(prompt) - 1):
         raise user_error("prompt_logprobs_last_n",
@@ -205,4 +213,4 @@ def _sample_work(body: schemas.SampleRequest, served: ServedModel, sampler: Samp
         prompt_logprobs=bool(body.prompt_logprobs),
         topk_prompt_logprobs=body.topk_prompt_logprobs,
         topk_sample_logprobs=body.topk_sample_logprobs, prompt_logprobs_last_n=last_n,
-        prompt_alt_tokens_k=body.prompt_alt_tokens_k)
+        prompt_alt_tokens_k=body.prompt_alt_tokens_k, images=images)

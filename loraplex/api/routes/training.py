@@ -12,6 +12,7 @@ from loraplex.api import codec, convert, schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import request_body
 from loraplex.api.context import ServerContext
+from loraplex.api.model_input import placed_datum
 from loraplex.api.provenance import with_recorded_logprobs
 from loraplex.api.submission import (
     TrainingSlot,
@@ -47,8 +48,8 @@ def forward_backward_op(ctx: ServerContext, slot: TrainingSlot, body: codec.Forw
     if body.loss_fn == CUSTOM_LOSS_FN:
         return custom_work(ctx, slot, body)
     loss_fn = convert.loss_fn_name(body.loss_fn)
-    convert.check_datums(body.data, slot.live.served.info)
-    data = body.data
+    data = tuple(placed_datum(d, slot.live.served.info) for d in body.data)
+    convert.check_datums(data, slot.live.served.info)
     if loss_fn == "stable_reinforce":
         data = with_recorded_logprobs(ctx.stores.sequences, data, slot.live.run.session_id)
     return ForwardBackwardWork(request_id=slot.request_id, adapter_id=slot.model_id, data=data,
@@ -65,9 +66,10 @@ def custom_work(ctx: ServerContext, slot: TrainingSlot, body: codec.ForwardBackw
     if not isinstance(loss_id, str) or config:
         raise user_error("loss_fn_config", "a custom loss takes exactly {'loss_id': <str>}")
     loss = ctx.stores.custom_losses.get(loss_id, slot.live.run.tenant, slot.live.run.session_id)
-    convert.check_datums(body.data, slot.live.served.info, aligned=False)
+    data = tuple(placed_datum(d, slot.live.served.info) for d in body.data)
+    convert.check_datums(data, slot.live.served.info, aligned=False)
     return ForwardBackwardWork(request_id=slot.request_id, adapter_id=slot.model_id,
-                               data=body.data, loss_fn=CUSTOM_LOSS_FN, loss_fn_config={},
+                               data=data, loss_fn=CUSTOM_LOSS_FN, loss_fn_config={},
                                forward_only=body.forward_only, custom_loss=loss)
 
 

@@ -17,6 +17,7 @@ from typing import Any, assert_never
 
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import LinearAttentionCard, ModelCard, MoeSpec
+from loraplex.domain.pixel_spec import PixelSpec
 from loraplex.engine.model.family import (
     FAMILIES,
     Family,
@@ -64,6 +65,7 @@ class ModelSpec:
             spec; None for a whole model.
         vision: the vision tower of a multimodal checkpoint whose family runs one (None:
             text only; also when the config's image token is outside the vocabulary).
+        pixels: its images' patching (``preprocessor_config.json``; set with ``vision``).
     """
 
     arch: str
@@ -88,6 +90,7 @@ class ModelSpec:
     stage: Stage | None = None
     whole: ModelSpec | None = None
     vision: VisionSpec | None = None
+    pixels: PixelSpec | None = None
 
     def sliced(self, stage: Stage) -> ModelSpec:
         """The spec of one pipeline stage: its ``num_layers`` layers numbered from 0 (their
@@ -220,7 +223,9 @@ class ModelSpec:
             arch=self.arch, card=card,
             max_context=min(max_context or self.max_position_embeddings,
                             self.max_position_embeddings),
-            eos_token_ids=self.eos_token_ids, num_params=self.num_params())
+            eos_token_ids=self.eos_token_ids, num_params=self.num_params(),
+            pixels=self.pixels if self.vision is not None else None,
+            image_token_id=self.vision.image_token_id if self.vision is not None else None)
 
     def _moe_card(self) -> MoeSpec | None:
         e = self.experts
@@ -248,16 +253,21 @@ class ModelSpec:
         config = json.loads(path.read_text())
         gen_path = Path(model_dir) / "generation_config.json"
         gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-        return ModelSpec.from_config(config, generation_config=gen)
+        pre_path = Path(model_dir) / "preprocessor_config.json"
+        pre = json.loads(pre_path.read_text()) if pre_path.is_file() else None
+        return ModelSpec.from_config(config, generation_config=gen, preprocessor=pre)
 
     @staticmethod
     def from_config(
-        config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
+        config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None,
+        preprocessor: Mapping[str, Any] | None = None,
     ) -> ModelSpec:
         """Parse a config.json mapping; unsupported features raise a UserError naming the key."""
         fam = _family_of(config)
         arch, nested = fam.arch, fam.text_config is not None and fam.text_config in config
         vision = vision_of(config) if fam.vision else None
+        pixels = (PixelSpec.from_config(config["vision_config"], preprocessor)
+                  if vision is not None else None)
         if nested:  # a multimodal config: the text model's numbers
             assert fam.text_config is not None
             outer = {k: v for k, v in config.items() if k not in (fam.text_config,
@@ -303,6 +313,7 @@ class ModelSpec:
                             else None),
             vision=(vision if vision is not None and vision.image_token_id < int(
                 config["vocab_size"]) else None),
+            pixels=pixels,
         )
 
 

@@ -26,6 +26,7 @@ from typing import Literal, TypeVar
 import torch
 import torch.nn.functional as F
 
+from loraplex.domain.image import ImageInput
 from loraplex.domain.model import ModelInfo
 from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
@@ -35,6 +36,8 @@ from loraplex.engine.model.attention_backend import (
     choose_backend,
 )
 from loraplex.engine.model.delta_net import DeltaLayout
+from loraplex.engine.model.image_encoder import ImageEncoder
+from loraplex.engine.model.image_rows import ImageSpan
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
 from loraplex.engine.model.layer_recompute import output_slots, recomputed
 from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttention
@@ -117,6 +120,8 @@ class Transformer:
         self.weights = weights
         self.options = options
         self.vision = vision
+        self.images = (ImageEncoder(vision, spec.pixels)
+                       if vision is not None and spec.pixels is not None else None)
         first = weights.layers[0].input_norm
         self.device, self.dtype = first.device, first.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
@@ -263,6 +268,14 @@ class Transformer:
         if self.vision is None:
             raise user_error("images", f"this {self.spec.arch} model has no vision tower")
         return self.vision(pixels_P_F.to(self.device), grid)
+
+    def image_spans(self, images: Sequence[ImageInput]) -> tuple[ImageSpan, ...]:
+        """A sequence's images as batches take them (`ImageEncoder`); () without any."""
+        if not images:
+            return ()
+        if self.images is None:
+            raise user_error("images", f"this {self.spec.arch} model takes no images")
+        return self.images.spans(images)
 
     def _lora_views(self, i: int, lora: LoraBatch | None) -> tuple[torch.Tensor, ...]:
         """The LoRA tensors decoder layer ``i`` reads (for `recomputed`)."""

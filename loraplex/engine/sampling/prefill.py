@@ -86,7 +86,9 @@ def prefill_hidden(model: Transformer, stacks: LoraStacks, kv: PagedKVCache,
     the last: it runs its layers and passes them on)."""
     batch = model.pack([SequenceInput(it.seq.tokens[it.start:it.stop],
                                       it.seq.request.work.adapter_id, it.start,
-                                      it.seq.block_table, state_key=it.seq) for it in items])
+                                      it.seq.block_table, state_key=it.seq,
+                                      images=model.image_spans(it.seq.request.work.images))
+                        for it in items])
     with torch.no_grad():
         lora = stacks.for_batch(batch)
         if pipe is None:

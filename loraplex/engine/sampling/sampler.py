@@ -192,13 +192,14 @@ class Sampler:
         try:
             check_sample_work(work, self.limits)
             adapter_key = self._versions.key(work.adapter_id)  # NotFoundError: not resident
+            self._model.image_spans(work.images)  # decoded and encoded once, here
         except LoraplexError as exc:
             return work.request_id, exc
         params = work.params
         room = self.limits.max_context - len(work.prompt)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         self._num_admitted += 1
-        request = SampleRequest(work, adapter_key, max_new,
+        request = SampleRequest(work, prefix_key(adapter_key, work), max_new,
                                 StopRule.of(params.stop, self._eos_token_ids), self._num_admitted)
         seed = secrets.randbits(63) if params.seed is None else params.seed
         prompt = list(work.prompt)
@@ -312,7 +313,8 @@ class Sampler:
             if (blocked or budget <= 0) and request.num_prompt > SHORT_PROMPT:
                 continue
             try:
-                request.adapter_key = self._versions.key(request.work.adapter_id)
+                request.adapter_key = prefix_key(self._versions.key(request.work.adapter_id),
+                                                 request.work)
             except LoraplexError as exc:
                 aborted.append(self._abort(request, exc))
                 continue
@@ -425,7 +427,8 @@ class Sampler:
         seqs = self._running
         model = self._model
         batch = model.pack([SequenceInput([s.tokens[-1]], s.request.work.adapter_id,
-                                          s.num_computed, s.block_table, state_key=s)
+                                          s.num_computed, s.block_table, state_key=s,
+                                          images=model.image_spans(s.request.work.images))
                             for s in seqs])
         self.stats.decode_steps += 1
         self.stats.decode_tokens += len(seqs)
@@ -541,3 +544,11 @@ def _sequence_rows(logits_R_V: torch.Tensor, row_start: tuple[int, ...]) -> torc
     if row_start == tuple(range(len(row_start))):
         return logits_R_V[:len(row_start)]
     return logits_R_V.index_select(0, torch.tensor(row_start, device=logits_R_V.device))
+
+
+def prefix_key(adapter_key: str, work: SampleWork) -> str:
+    """A request's prefix-cache key: its adapter version's, and its images' digests (equal
+    placeholder tokens of other images must never share pages)."""
+    if not work.images:
+        return adapter_key
+    return adapter_key + "|images:" + ",".join(i.digest for i in work.images)
