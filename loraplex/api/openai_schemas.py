@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from loraplex.api.model_input import data_url_image
 from loraplex.domain.sampling import StopCondition
 from loraplex.errors import user_error
 
@@ -97,8 +98,14 @@ class CompletionRequest(_SamplingFields):
             raise user_error("suffix", "not supported by this server")
 
 
+#: What an ``image_url`` part becomes in the rendered text: Qwen-VL's markers around one
+#: placeholder, which the route replaces by the image chunk.
+IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
 class ChatMessage(BaseModel):
-    """One message; ``content`` as text or as a list of ``{"type": "text", "text": ...}``."""
+    """One message; ``content`` as text or as a list of ``{"type": "text", "text": ...}`` and
+    ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` parts."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -106,15 +113,26 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
-    def text(self, field: str) -> str:
+    def text(self, field: str, images: list[tuple[bytes, str, str]] | None = None) -> str:
+        """The content as text; each image part (with ``images`` to collect them: (bytes,
+        format, field)) as `IMAGE_MARK`."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
         parts = []
         for i, part in enumerate(self.content):
+            where = f"{field}.content[{i}]"
+            if part.get("type") == "image_url" and images is not None:
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise user_error(f"{where}.image_url.url", "required (a data: URL)")
+                images.append((*data_url_image(url, f"{where}.image_url.url"), where))
+                parts.append(IMAGE_MARK)
+                continue
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise user_error(f"{field}.content[{i}]", "only text parts are supported")
+                raise user_error(where, "only text and image_url parts are supported")
             parts.append(part["text"])
         return "".join(parts)
 

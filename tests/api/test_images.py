@@ -113,9 +113,13 @@ def datum(images: Images, colour: str) -> types.Datum:
         "weights": types.TensorData(data=weights, dtype="float32", shape=[n - 1])})
 
 
-def test_training_on_image_datums_lowers_the_loss(service_client: Any, new_key: Any,
-                                                  images: Images) -> None:
-    tc = service_client(new_key()).create_lora_training_client(base_model=MODEL, rank=8)
+def test_training_on_image_datums_lowers_the_loss(server: Server, service_client: Any,
+                                                  new_key: Any, images: Images) -> None:
+    """And bills an image as the tokens it takes (the SDK's ``ModelInput.length``)."""
+    import httpx
+
+    key = new_key()
+    tc = service_client(key).create_lora_training_client(base_model=MODEL, rank=8)
     data = [datum(images, c) for c in COLOURS]
     losses = []
     for _ in range(10):
@@ -124,6 +128,10 @@ def test_training_on_image_datums_lowers_the_loss(service_client: Any, new_key: 
         tc.optim_step(ADAM).result()
     assert losses[-1] < 0.5 * losses[0], losses
     assert len(out.loss_fn_outputs[0]["logprobs"].data) == data[0].model_input.length
+    report = httpx.get(f"{server.url}/api/v1/loraplex/usage", headers={"X-API-Key": key},
+                       trust_env=False, timeout=30).json()
+    run = next(r for r in report["runs"] if r["run_id"] == tc.model_id)
+    assert run["tokens"]["trained_tokens"] == 10 * sum(d.model_input.length for d in data)
 
 
 def test_image_datum_logprobs_are_the_same_alone_and_batched(service_client: Any,
@@ -224,3 +232,48 @@ def test_a_bad_image_in_a_datum_fails_its_request_only(service_client: Any, new_
     assert "data[1].model_input.chunks[1]" in str(err.value)
     out = tc.forward([good], "cross_entropy").result()  # the slot and the run go on
     assert len(out.loss_fn_outputs) == 1
+
+
+def test_openai_chat_takes_data_url_images(server: Server, new_key: Any,
+                                           images: Images) -> None:
+    """``image_url`` parts with ``data:`` URLs: the chat's image is the Tinker prompt's image
+    (greedy completions equal ``asample`` on the chunks the cookbook's renderer would make);
+    a remote URL is refused, not fetched."""
+    import base64
+
+    import httpx
+    import openai
+
+    key = new_key()
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0,
+                        http_client=httpx.Client(trust_env=False, timeout=60))
+    png = images.png(COLOURS["green"])
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    content = [{"type": "text", "text": "what is"},
+               {"type": "image_url", "image_url": {"url": url}}]
+    reply = oai.chat.completions.create(model=MODEL, max_tokens=5, temperature=0.0, seed=1,
+                                        messages=[{"role": "user", "content": content}])
+    assert reply.usage.prompt_tokens > images.tokens((48, 40))
+    text = server.ctx.catalog.get(MODEL)
+    from loraplex.api.openai_text import ModelText
+
+    tokenizer = ModelText(str(text.model_dir))
+    rendered = tokenizer.chat_prompt([{"role": "user", "content":
+                                       "what is<|vision_start|><|image_pad|><|vision_end|>"}])
+    at = rendered.index(images.pad)
+    prompt = types.ModelInput(chunks=[
+        types.EncodedTextChunk(tokens=rendered[:at]),
+        types.ImageChunk(data=png, format="png", expected_tokens=images.tokens((48, 40))),
+        types.EncodedTextChunk(tokens=rendered[at + 1:])])
+    sampler = tinker.ServiceClient(base_url=server.url, api_key=key).create_sampling_client(
+        base_model=MODEL)
+    tinker_out = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(
+        max_tokens=5, temperature=0.0, seed=1)).result().sequences[0].tokens
+    assert reply.usage.prompt_tokens == prompt.length
+    assert reply.choices[0].message.content == tokenizer.decode(
+        [t for t in tinker_out if t not in text.info.eos_token_ids])
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model=MODEL, max_tokens=2, messages=[{
+            "role": "user", "content": [{"type": "image_url", "image_url": {
+                "url": "https://example.com/cat.png"}}]}])
+    assert "messages[0].content[0].image_url.url" in str(err.value)

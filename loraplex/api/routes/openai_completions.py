@@ -33,6 +33,7 @@ from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext
 from loraplex.api.convert import check_tokens
 from loraplex.api.longpoll import wait_until_done
+from loraplex.api.model_input import check_prompt_images
 from loraplex.api.openai_render import Kind
 from loraplex.api.openai_schemas import OpenAIRequest
 from loraplex.api.openai_text import ModelText, ModelTexts, check_text_budget
@@ -81,15 +82,41 @@ async def chat_completions(request: Request, tenant: Tenant) -> Response:
     ctx, body = await parse_body(request, openai_schemas.ChatCompletionRequest)
     body.check_supported()
     target = resolve(request, ctx, tenant, body.model)
-    messages = [{"role": m.role, "content": m.text(f"messages[{i}]")}
+    images: list[tuple[bytes, str, str]] = []
+    messages = [{"role": m.role, "content": m.text(f"messages[{i}]", images)}
                 for i, m in enumerate(body.messages)]
     check_text_budget(["".join(m["content"] for m in messages)],
                       target.served.info.max_context, "messages")
     prompt = await asyncio.to_thread(target.text.chat_prompt, messages,
                                      body.chat_template_kwargs)
+    model_input = None
+    if images:
+        model_input = with_images(prompt, images, target.served.info.image_token_id)
+        await asyncio.to_thread(check_prompt_images, model_input, ctx.config.limits)
     topk = (body.top_logprobs or 0) if body.logprobs else None
     return await _respond(request, ctx, tenant, "chat", body, target, [prompt],
-                          body.completion_budget, topk)
+                          body.completion_budget, topk, model_input=model_input)
+
+
+def with_images(tokens: list[int], images: list[tuple[bytes, str, str]],
+                image_token: int | None) -> sdk.ModelInput:
+    """The rendered chat prompt with each image's placeholder token replaced by its chunk."""
+    if image_token is None:
+        raise user_error(images[0][2], "this model takes no images")
+    at = [i for i, t in enumerate(tokens) if t == image_token]
+    if len(at) != len(images):
+        raise user_error("messages", f"{len(images)} images but {len(at)} image placeholders "
+                         "in the rendered prompt (the chat template or the text adds some)")
+    chunks: list[Any] = []
+    start = 0
+    for i, (data, fmt, _) in zip(at, images, strict=True):
+        if i > start:
+            chunks.append(sdk.EncodedTextChunk(tokens=tokens[start:i]))
+        chunks.append(sdk.ImageChunk(data=data, format=fmt))  # type: ignore[arg-type]
+        start = i + 1
+    if start < len(tokens):
+        chunks.append(sdk.EncodedTextChunk(tokens=tokens[start:]))
+    return sdk.ModelInput(chunks=chunks)
 
 
 def resolve(request: Request, ctx: ServerContext, tenant: str, model: str) -> Target:
@@ -130,7 +157,7 @@ def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
 async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind,
                    body: OpenAIRequest, target: Target,
                    prompts: list[list[int]], max_tokens: int | None, topk: int | None,
-                   echo: bool = False) -> Response:
+                   echo: bool = False, model_input: sdk.ModelInput | None = None) -> Response:
     stops = body.stop_strings()
     params = sdk.SamplingParams(max_tokens=max_tokens, temperature=body.temperature,
                                 top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stops)
@@ -142,8 +169,11 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
             raise user_error(field, "empty prompt")
         check_tokens(tokens, target.served.info, field)
         sample = sample_request(tokens, body.n, params, topk or 0, echo)
+        if model_input is not None:  # a chat with images: its chunks (decoded already)
+            sample = sample.model_copy(update={"prompt": model_input})
         prepared.append(prepare_sample(ctx, tenant, sample, target.sampler, streamed,
-                                       body.ignore_eos))
+                                       body.ignore_eos, images_decoded=True))
+    lengths = [p.prompt_length for p in prepared]  # images as their tokens
     # all queued before any is awaited, so they can share a batch
     request_ids = [admit_sample(p).request_id for p in prepared]
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
@@ -152,12 +182,12 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
     if streamed:
         feed = StreamFeed(ctx, tenant, StreamShape(kind, head, body.n, stops, topk,
                                                    body.include_usage_chunk),
-                          request_ids, target.text, target.served, [len(p) for p in prompts])
+                          request_ids, target.text, target.served, lengths)
         return StreamingResponse(_events(await feed.start()), media_type="text/event-stream")
     results = [await _result(ctx, tenant, rid) for rid in request_ids]
     made = openai_render.choices(results, target.text, target.served.info.eos_token_ids,
                                  stops, topk, prompts if echo else None)
-    counts = openai_render.usage([len(p) for p in prompts], body.n, made)
+    counts = openai_render.usage(lengths, body.n, made)
     if body.stream:
         chunks = openai_render.chunks(kind, head, made, target.text,
                                       counts if body.include_usage_chunk else None)

@@ -118,6 +118,7 @@ class PreparedSample:
     served: ServedModel
     item: WorkItem
     sequence_ids: tuple[str, ...]
+    prompt_length: int = 0
 
 
 def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
@@ -143,7 +144,7 @@ def prepare_sample(ctx: ServerContext, tenant: str, body: schemas.SampleRequest,
                   record_for_session=sampler.session_id if body.record_stability_info else None,
                   base_model=served.name, usage_run_id=_usage_run(sampler))
     return PreparedSample(served, WorkItem(request_id, tenant, "Sample", op, sampler_key=key),
-                          sequence_ids)
+                          sequence_ids, len(work.prompt))
 
 
 def admit_sample(prepared: PreparedSample) -> Admitted:
