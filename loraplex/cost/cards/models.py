@@ -94,6 +94,14 @@ MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
     _qwen3("Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 12288,
            moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
            note="Qwen3-235B-A22B-Instruct-2507 has the same architecture"),
+    # Qwen3-VL: the text model's numbers (text_config); the frozen vision tower adds ~0.4B
+    # parameters Tinker neither adapts nor (by its LoRA counts) prices.
+    _qwen3("Qwen/Qwen3-VL-30B-A3B-Instruct", 48, 2048, 32, 4, 6144,
+           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=768),
+           note="text_config; the vision tower is frozen"),
+    _qwen3("Qwen/Qwen3-VL-235B-A22B-Instruct", 94, 4096, 64, 4, 12288,
+           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
+           note="text_config; the vision tower is frozen"),
     _llama3("meta-llama/Llama-3.1-8B", 32, 4096, 32, 14336),
     _llama3("meta-llama/Llama-3.1-70B", 80, 8192, 64, 28672),
     _kimi_k2("moonshotai/Kimi-K2-Instruct", 1.0,

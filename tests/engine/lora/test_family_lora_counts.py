@@ -2,12 +2,12 @@
 
 ``hyperparam_utils.get_lora_param_count`` (run in its own venv, as its users would) is Tinker's
 count per base model; ours, from the public config.json numbers of Qwen3.5-4B, -27B, -35B-A3B,
--397B-A17B and gpt-oss-20b, -120b (no weights needed), must equal it for ranks 1 and 32 and
-every target choice. What it pins down: a linear-attention layer adapts ``in_proj_q``,
-``in_proj_k``, ``in_proj_v`` (three adapters on the slices of ``in_proj_qkv``), ``in_proj_z`` and
-``out_proj``, never ``in_proj_b``/``in_proj_a``; a gated query projection is adapted at its
-full (query + gate) width; a shared expert like a dense MLP, its gate never; gpt-oss's sinks
-and router never.
+-397B-A17B, gpt-oss-20b, -120b and Qwen3-VL-30B-A3B-Instruct (no weights needed), must equal it for
+ranks 1 and 32 and every target choice. What it pins down: a linear-attention layer adapts
+``in_proj_q``, ``in_proj_k``, ``in_proj_v`` (three adapters on the slices of ``in_proj_qkv``),
+``in_proj_z`` and ``out_proj``, never ``in_proj_b``/``in_proj_a``; a gated query projection is
+adapted at its full (query + gate) width; a shared expert like a dense MLP, its gate never;
+gpt-oss's sinks and router never; a vision tower never (Tinker adapts the language model only).
 """
 
 from __future__ import annotations
@@ -68,6 +68,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
                            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
                            "attention_bias": True},
 }
+#: Qwen3-VL-30B-A3B-Instruct's config.json layout: the text model under ``text_config``, the
+#: vision tower (frozen, never adapted) under ``vision_config``.
+CONFIGS["Qwen/Qwen3-VL-30B-A3B-Instruct"] = {
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+    "image_token_id": 151655, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {"model_type": "qwen3_vl_moe_text", "vocab_size": 151936,
+                    "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                    "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144,
+                    "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                    "decoder_sparse_step": 1, "mlp_only_layers": [], "hidden_act": "silu",
+                    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 5e6,
+                                        "mrope_section": [24, 20, 20],
+                                        "mrope_interleaved": True}},
+    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_heads": 16, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "out_hidden_size": 2048,
+                      "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}}
 CONFIGS["openai/gpt-oss-120b"] = {**CONFIGS["openai/gpt-oss-20b"], "num_hidden_layers": 36,
                                   "num_local_experts": 128,
                                   "layer_types": ["sliding_attention", "full_attention"] * 18}
@@ -95,7 +114,8 @@ def cookbook_counts() -> dict[str, int]:
 
 
 def test_the_configs_are_the_families_they_name() -> None:
-    assert {served_spec(n).arch for n in CONFIGS} == {"qwen3_5", "qwen3_5_moe", "gpt_oss"}
+    assert {served_spec(n).arch for n in CONFIGS} == {"qwen3_5", "qwen3_5_moe", "gpt_oss",
+                                                      "qwen3_vl_moe"}
     spec = served_spec("Qwen/Qwen3.5-27B")
     assert len(spec.linear_layers) == 48 and len(spec.attention_layers) == 16
 
