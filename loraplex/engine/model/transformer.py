@@ -273,6 +273,8 @@ class Transformer:
         """A sequence's images as batches take them (`ImageEncoder`); () without any."""
         if not images:
             return ()
+        if self.spec.stage is not None:
+            raise user_error("images", "model-parallel groups do not take images yet")
         if self.images is None:
             raise user_error("images", f"this {self.spec.arch} model takes no images")
         return self.images.spans(images)
