@@ -145,6 +145,7 @@ def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt"
     """A prompt's token array (each image a run of the model's placeholder token) and its
     images (`model_input`; ``decoded``: its images were decoded off the event loop already)."""
     text, chunks = prompt_chunks(prompt, field, limits or LimitsConfig(), decode=not decoded)
+    check_token_range(text, info.vocab_size, field)  # before packing: past int64 cannot pack
     tokens, images = placed(chunks, text, info)
     if not tokens:
         raise user_error(field, "empty prompt")
