@@ -31,7 +31,9 @@ from loraplex.errors import user_error
 LLAMA3_TOKENIZER = "thinkingmachineslabinc/meta-llama-3-instruct-tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
-                   "chat_template.jinja", "config.json", "generation_config.json")
+                   "chat_template.jinja", "config.json", "generation_config.json",
+                   # an image model's processor (AutoImageProcessor: cookbook VLM renderers)
+                   "preprocessor_config.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
