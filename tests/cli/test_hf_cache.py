@@ -59,3 +59,28 @@ def test_default_model_tokenizer_loads_offline_by_catalogue_name(tmp_path: Path)
     assert encode_offline(hf_cache.LLAMA3_TOKENIZER, hf_home) == expected
     snapshot = next((hf_home / "hub" / "models--Qwen--Qwen3-8B" / "snapshots").iterdir())
     assert not any(p.suffix == ".safetensors" for p in snapshot.iterdir())
+
+
+def test_an_image_models_processor_loads_offline_by_name(tmp_path: Path,
+                                                         builtin_model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The cookbook's VLM renderers call ``AutoImageProcessor.from_pretrained(name)``: the
+    served model's ``preprocessor_config.json`` is installed beside its tokenizer, and the
+    processor counts an image's tokens as the server does."""
+    model_dir = builtin_model_dir("tiny-vl")
+    hf_home = tmp_path / "hf"
+    hf_cache.install(str(model_dir), "Qwen/Qwen3-VL-30B-A3B-Instruct", str(hf_home))
+    load = ("import sys; from transformers import AutoImageProcessor; "
+            "p = AutoImageProcessor.from_pretrained(sys.argv[1]); "
+            "print(p.get_number_of_image_patches(40, 48, {}) // p.merge_size ** 2)")
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", load, "Qwen/Qwen3-VL-30B-A3B-Instruct"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from loraplex.domain.pixel_spec import PixelSpec, image_grid, num_image_tokens
+
+    config = json.loads((model_dir / "config.json").read_text())
+    spec = PixelSpec.from_config(config["vision_config"], json.loads(
+        (model_dir / "preprocessor_config.json").read_text()))
+    ours = num_image_tokens(image_grid(48, 40, spec), spec.merge_size)
+    assert int(done.stdout.strip().splitlines()[-1]) == ours == 6
