@@ -10,7 +10,12 @@ What the recipe needs from outside, and how the test gives it (the recipe code u
   the served model's own processor;
 - its dataset (``datasets.load_dataset("dpdl-benchmark/caltech101")``): a local image folder
   of that name in the working directory (``{train,test}/<class>/*.png``, three classes of
-  synthetic images), which ``load_dataset`` prefers to the hub (``HF_DATASETS_OFFLINE=1``).
+  synthetic images), which ``load_dataset`` prefers to the hub (``HF_DATASETS_OFFLINE=1``);
+- the service: ``base_url=`` and ``TINKER_API_KEY``; the model-pricing fetch (docs site) is
+  sent to a dead proxy so it fails at once (the recipe ignores its failure).
+
+The server's usage meter must count the same trained tokens as the recipe's own metrics: each
+image as many tokens as the cookbook's processor gave it as ``expected_tokens``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image, ImageDraw
 
@@ -83,5 +89,12 @@ def test_vlm_classifier_recipe_runs_unmodified(tmp_path: Path) -> None:
         # positions) and the sampling one (greedy answers graded)
         assert all(math.isfinite(m["test/nll"]) and 0 <= m["accuracy"] <= 1 for m in train)
         assert all(m["tokens/trained"] > 6 * 20 for m in train)  # images count as tokens
+        usage = httpx.get(f"{server.url}/api/v1/loraplex/usage", headers={"X-API-Key": KEY},
+                          trust_env=False, timeout=30)
+        assert usage.status_code == 200, usage.text
+        tokens = usage.json()["totals"]["tokens"]
+        assert tokens["num_failed"] == 0
+        assert tokens["trained_tokens"] == train[-1]["tokens/cumulative/trained"]
+        assert tokens["prompt_tokens"] > 0 and tokens["sampled_tokens"] > 0  # the evaluators
     finally:
         server.stop()
