@@ -63,10 +63,6 @@ class ImageInput:
         h.update(repr((self.format, self.size, self.grid, self.merge)).encode())
         return h.hexdigest()
 
-    def moved(self, offset: int) -> ImageInput:
-        """The same image starting at another token index."""
-        return ImageInput(self.data, self.format, self.size, self.grid, self.merge, offset)
-
 
 @dataclass(frozen=True)
 class ImageChunkIn:

@@ -55,15 +55,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     subprocess.run([sys.executable, "-m", "loraplex", "model", "cache-tokenizer", MODEL,
                     "--data-dir", str(server.data_dir), "--hf-home", str(hf_home)],
                    check=True, capture_output=True, timeout=120)
-    no_proxy = "127.0.0.1,localhost"
-    env = {**os.environ, "TINKER_BASE_URL": server.url, "TINKER_API_KEY": KEY,
-           "TINKER_TELEMETRY": "0", "NO_PROXY": no_proxy, "no_proxy": no_proxy,
-           "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TINKER_COOKBOOK_RUNS_DIR": str(root / "runs"),
-           # The pricing fetch (docs site) fails at once instead of trying the internet.
-           "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    env = recipe_env(server.url, KEY, hf_home, TINKER_COOKBOOK_RUNS_DIR=str(root / "runs"))
     yield server, env
     server.stop()
+
+
+def recipe_env(url: str, key: str, hf_home: Path, **extra: str) -> dict[str, str]:
+    """A recipe process's environment: the server, offline HF (tokenizers from ``hf_home``),
+    and no internet (the pricing fetch fails at once instead of trying it)."""
+    no_proxy = "127.0.0.1,localhost"
+    return {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": key,
+            "TINKER_TELEMETRY": "0", "NO_PROXY": no_proxy, "no_proxy": no_proxy,
+            "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "HTTPS_PROXY": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9", **extra}
 
 
 def run_recipe(python: str, env: dict, module: str, *args: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from tests.integration.conftest import LORAPLEX_SERVE, ServerProcess
+from tests.integration.test_cookbook import recipe_env
 from tests.integration.venvs import COOKBOOK_STEPS, ensure_venv
 
 MODEL = "Qwen/Qwen3-VL-30B-A3B-Instruct"
@@ -65,12 +65,7 @@ def test_vlm_classifier_recipe_runs_unmodified(tmp_path: Path) -> None:
                        check=True, capture_output=True, timeout=120)
         work = tmp_path / "work"
         make_dataset(work)
-        no_proxy = "127.0.0.1,localhost"
-        env = {**os.environ, "TINKER_BASE_URL": server.url, "TINKER_API_KEY": KEY,
-               "TINKER_TELEMETRY": "0", "NO_PROXY": no_proxy, "no_proxy": no_proxy,
-               "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds"),
-               "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+        env = recipe_env(server.url, KEY, hf_home, HF_DATASETS_CACHE=str(tmp_path / "ds"))
         done = subprocess.run(
             [python, "-m", "tinker_cookbook.recipes.vlm_classifier.train",
              f"experiment_dir={tmp_path / 'runs'}", f"model_name={MODEL}",

@@ -8,6 +8,8 @@ its own (`ModelInfo.card`, built by the engine from its config.json).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from loraplex.cost.catalogue import look_up
 from loraplex.domain.model_card import LinearAttentionCard, MlaSpec, ModelCard, MoeSpec
 
@@ -94,14 +96,6 @@ MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
     _qwen3("Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 12288,
            moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
            note="Qwen3-235B-A22B-Instruct-2507 has the same architecture"),
-    # Qwen3-VL: the text model's numbers (text_config); the frozen vision tower adds ~0.4B
-    # parameters Tinker neither adapts nor (by its LoRA counts) prices.
-    _qwen3("Qwen/Qwen3-VL-30B-A3B-Instruct", 48, 2048, 32, 4, 6144,
-           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=768),
-           note="text_config; the vision tower is frozen"),
-    _qwen3("Qwen/Qwen3-VL-235B-A22B-Instruct", 94, 4096, 64, 4, 12288,
-           moe=MoeSpec(num_experts=128, top_k=8, expert_intermediate_size=1536),
-           note="text_config; the vision tower is frozen"),
     _llama3("meta-llama/Llama-3.1-8B", 32, 4096, 32, 14336),
     _llama3("meta-llama/Llama-3.1-70B", 80, 8192, 64, 28672),
     _kimi_k2("moonshotai/Kimi-K2-Instruct", 1.0,
@@ -149,6 +143,12 @@ MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
              moe=MoeSpec(num_experts=512, top_k=10, expert_intermediate_size=1024,
                          num_shared_experts=1)),
 )}
+#: Qwen3-VL: its text model is the Qwen3-MoE of the same size (text_config); the frozen vision
+#: tower adds ~0.4B parameters Tinker neither adapts nor (by its LoRA counts) prices.
+MODEL_CARDS |= {vl: replace(MODEL_CARDS[text], name=vl, source=(
+    MODEL_CARDS[text].source.replace(text, vl) + " (text_config; the vision tower is frozen)"))
+    for vl, text in (("Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-30B-A3B"),
+                     ("Qwen/Qwen3-VL-235B-A22B-Instruct", "Qwen/Qwen3-235B-A22B"))}
 
 
 def get_model_card(name: str) -> ModelCard:

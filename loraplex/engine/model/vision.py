@@ -112,7 +112,7 @@ class VisionTower:
         return x_P_D + F.linear(h, b.fc2_w, b.fc2_b)
 
     def _merge(self, m: MergerWeights, x_P_D: torch.Tensor, post_shuffle: bool) -> torch.Tensor:
-        wide = x_P_D.shape[1] * self.spec.merged_patches
+        wide = x_P_D.shape[1] * self.spec.spatial_merge_size ** 2
         if post_shuffle:
             x = F.layer_norm(x_P_D.reshape(-1, wide), (wide,), m.norm_w, m.norm_b,
                              LAYER_NORM_EPS)

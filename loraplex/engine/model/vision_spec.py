@@ -68,22 +68,6 @@ class VisionSpec:
         """Values per patch: channels × frames × pixels."""
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
-    def num_params(self) -> int:
-        """The tower's weights (frozen: never LoRA-adapted)."""
-        d, f = self.hidden_size, self.intermediate_size
-        block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (2 * d * f + f + d)
-        return (self.patch_features * d + d + self.num_position_embeddings * d
-                + self.depth * block + self._merger_params(d)
-                + len(self.deepstack_indexes) * self._merger_params(d * self.merged_patches))
-
-    @property
-    def merged_patches(self) -> int:
-        return self.spatial_merge_size ** 2
-
-    def _merger_params(self, norm_width: int) -> int:
-        wide, out = self.hidden_size * self.merged_patches, self.out_hidden_size
-        return 2 * norm_width + wide * wide + wide + wide * out + out
-
 
 def vision_of(config: Mapping[str, Any]) -> VisionSpec | None:
     """The config's vision tower, or None for a text-only config (or one naming no image

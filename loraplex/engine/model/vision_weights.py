@@ -1,6 +1,6 @@
 """`VisionWeights`: the frozen tensors of a vision tower (`vision_spec`), with their Hugging Face
 names (``model.visual.…``, as ``Qwen3VLForConditionalGeneration`` and
-``Qwen3_5ForConditionalGeneration`` save them), and random ones for the built-ins.
+``Qwen3_5ForConditionalGeneration`` save them).
 
 The patch embedding's Conv3d has kernel = stride, so it is a linear map of each flattened patch:
 held as ``patch_D_F`` (the kernel flattened in the order the pixels are flattened).
@@ -8,8 +8,8 @@ held as ``patch_D_F`` (the kernel flattened in the order the pixels are flattene
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -73,22 +73,6 @@ class VisionWeights:
     merger: MergerWeights
     deepstack: list[MergerWeights]
 
-    def named_tensors(self, spec: VisionSpec) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF names and tensors (the Conv3d kernel in its 5-D shape)."""
-        d, t, p = spec.hidden_size, spec.temporal_patch_size, spec.patch_size
-        yield f"{PREFIX}patch_embed.proj.weight", self.patch_D_F.reshape(
-            d, spec.in_channels, t, p, p)
-        yield f"{PREFIX}patch_embed.proj.bias", self.patch_b
-        yield f"{PREFIX}pos_embed.weight", self.pos_embed_N_D
-        for i, block in enumerate(self.blocks):
-            for field, name in _BLOCK_NAMES.items():
-                yield f"{PREFIX}blocks.{i}.{name}", getattr(block, field)
-        for field, name in _MERGER_NAMES.items():
-            yield f"{PREFIX}merger.{name}", getattr(self.merger, field)
-        for i, merger in enumerate(self.deepstack):
-            for field, name in _MERGER_NAMES.items():
-                yield f"{PREFIX}deepstack_merger_list.{i}.{name}", getattr(merger, field)
-
 
 def expected_vision_names(spec: VisionSpec) -> set[str]:
     return {name for name, _ in _shapes(spec)}
@@ -118,20 +102,8 @@ def vision_from_hf(spec: VisionSpec, tensors: Mapping[str, torch.Tensor]) -> Vis
                    for i in range(len(spec.deepstack_indexes))])
 
 
-def random_vision(spec: VisionSpec, generator: torch.Generator,
-                  std: float = 0.02) -> VisionWeights:
-    """A random tower (built-ins): normal weights, LayerNorms at 1 + noise, small biases."""
-    tensors = {}
-    for name, shape in _shapes(spec):
-        values = torch.randn(shape, generator=generator) * std
-        if name.endswith("norm.weight") or name.endswith(("norm1.weight", "norm2.weight")):
-            values = values + 1.0
-        tensors[name] = values
-    return vision_from_hf(spec, tensors)
-
-
 def _shapes(spec: VisionSpec) -> list[tuple[str, tuple[int, ...]]]:
-    d, f, m = spec.hidden_size, spec.intermediate_size, spec.merged_patches
+    d, f, m = spec.hidden_size, spec.intermediate_size, spec.spatial_merge_size ** 2
     t, p, c = spec.temporal_patch_size, spec.patch_size, spec.in_channels
     shapes: list[tuple[str, tuple[int, ...]]] = [
         (f"{PREFIX}patch_embed.proj.weight", (d, c, t, p, p)),
@@ -155,19 +127,3 @@ def _shapes(spec: VisionSpec) -> list[tuple[str, tuple[int, ...]]]:
         shapes += merger(f"{PREFIX}deepstack_merger_list.{i}.", d * m)
     return shapes
 
-
-def vision_tensors_to(weights: VisionWeights, device: torch.device,
-                      dtype: torch.dtype) -> VisionWeights:
-    """Every tensor on ``device`` in ``dtype``."""
-    def move(obj: object) -> None:
-        for f in fields(obj):  # type: ignore[arg-type]
-            value = getattr(obj, f.name)
-            if isinstance(value, torch.Tensor):
-                setattr(obj, f.name, value.to(device=device, dtype=dtype))
-
-    move(weights)
-    for block in weights.blocks:
-        move(block)
-    for merger in (weights.merger, *weights.deepstack):
-        move(merger)
-    return weights
