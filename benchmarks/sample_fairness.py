@@ -3,8 +3,10 @@ admission bounds on (this server's defaults) and off (how admission worked befor
 
     python benchmarks/sample_fairness.py [--rounds 3] [--heavy-prompt 6000] [--heavy-clients 32]
 
-Three `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for the
-sampling bounds: ``on`` (the defaults), ``engine_only`` (the scheduler's admission bounds
+Four `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for the
+sampling bounds: ``on`` (the defaults), ``no_hold`` (the defaults but
+``scheduler.sample_anticipation_s`` 0: training does not wait for a finished sample's client),
+``engine_only`` (the scheduler's admission bounds
 ``scheduler.sample_prefill_tokens_per_step`` and ``sample_max_tenant_share`` off: unbounded and
 1.0) and ``off`` (also ``engine.sample_prefill_tokens_per_step`` unbounded: how sampling
 worked before these bounds). Per round, for each server in turn (interleaved):
@@ -47,11 +49,13 @@ MODEL = "tiny"
 UNBOUNDED = "1000000000"
 SCHEDULER_OFF = {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED,
                  "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}
-MODES = {"on": {}, "engine_only": SCHEDULER_OFF,
+MODES = {"on": {}, "no_hold": {"LORAPLEX_SCHEDULER_SAMPLE_ANTICIPATION_S": "0"},
+         "engine_only": SCHEDULER_OFF,
          "off": {**SCHEDULER_OFF, "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
 LIGHT_SAMPLES = 20
 WORKLOADS = ("distinct", "shared", "training")
 TRAIN_CLIENTS = 4
+HEAVY_WINDOW_S = 10.0  # the light tenant samples at least this long beside the heavy one
 TRAIN_BATCH = (8, 1024)  # datums × tokens per forward_backward
 
 
@@ -79,12 +83,16 @@ def sampler(url: str, key: str) -> Any:
     return service(url, key).create_sampling_client(base_model=MODEL).result()
 
 
-def light_latencies(client: Any) -> list[float]:
+def light_latencies(client: Any, min_s: float = 0.0) -> list[float]:
+    """``LIGHT_SAMPLES`` sequential samples, and more until ``min_s`` seconds passed."""
     from tinker import types
 
     prompt = types.ModelInput.from_ints(list(range(10, 18)))
-    out = []
-    for i in range(LIGHT_SAMPLES):
+    out: list[float] = []
+    began = time.perf_counter()
+    for i in itertools.count():
+        if i >= LIGHT_SAMPLES and time.perf_counter() - began >= min_s:
+            break
         start = time.perf_counter()
         client.sample(prompt, 1, types.SamplingParams(max_tokens=8, seed=i, stop=[])).result()
         out.append(time.perf_counter() - start)
@@ -166,7 +174,7 @@ def one_round(light: Any, heavy: Any, clients: int, prompt_tokens: int, workload
     with flood:
         time.sleep(3.0)  # the heavy tenant is at its steady state
         started, done_before = time.perf_counter(), flood.done
-        beside = light_latencies(light)
+        beside = light_latencies(light, HEAVY_WINDOW_S)  # the heavy rate is measured beside it
         heavy_rate = (flood.done - done_before) / (time.perf_counter() - started)
     return {"solo_p50_s": statistics.median(solo), "beside_p50_s": statistics.median(beside),
             "beside_p95_s": sorted(beside)[int(0.95 * (len(beside) - 1))],
@@ -193,13 +201,17 @@ def markdown(result: dict[str, Any]) -> str:
     loads = [r["load_avg_1m"] for runs in result["rounds"].values() for r in runs]
     rounds = len(next(iter(result["rounds"].values())))
     lines = ["# Sampling fairness: a short sample beside a heavy sampler", "",
-             f"`builtin:tiny`; light tenant: {LIGHT_SAMPLES} sequential samples (8-token "
-             f"prompt, 8 tokens); heavy tenant: {result['heavy_clients']} samples of "
+             f"`builtin:tiny`; light tenant: sequential samples (8-token prompt, 8 tokens), "
+             f"{LIGHT_SAMPLES} solo, and beside the heavy tenant at least {LIGHT_SAMPLES} and "
+             f"for at least {HEAVY_WINDOW_S:g} s (the heavy rate is measured over that "
+             f"time); heavy tenant: {result['heavy_clients']} samples of "
              f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
              f"{rounds} interleaved rounds per mode and workload, medians. `on`: the "
              "defaults (scheduler: `sample_prefill_tokens_per_step` 8192, "
              "`sample_max_tenant_share` 0.75; engine: `sample_prefill_tokens_per_step` 2048); "
-             "`engine_only`: the scheduler's two off; `off`: all three off.", "",
+             "`no_hold`: the defaults but `scheduler.sample_anticipation_s` 0 (training does "
+             "not wait for a finished sample's client); `engine_only`: the scheduler's two "
+             "admission bounds off; `off`: all three off.", "",
              "| heavy prompts | admission bounds | light p50 solo (s) | light p50 beside (s) | "
              "light p95 beside (s) | beside / solo | heavy samples/s | heavy ÷ off |",
              "|---|---|---|---|---|---|---|---|"]

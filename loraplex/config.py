@@ -122,6 +122,12 @@ class SchedulerConfig:
             cache by default: most samples stop before max_tokens, and when pages do run out
             the engine preempts and later recomputes its newest sequences.
         sample_share: engine-time share sampling gets while training also waits (0..1).
+        sample_anticipation_s: after a sampling step finished requests, training waits up to
+            this long for those clients' next requests (a sequential sampler beside a
+            training flood otherwise waits a whole cycle per request; 0: off). The wait is
+            charged to sampling's share.
+        sample_anticipation_cycle_fraction: and at most this part of a mean training cycle,
+            which bounds what training loses to clients that do not come back.
         sample_prefill_tokens_per_step: prompt tokens sampling admits per step (the first
             request always), so a burst of long prompts is prefilled over several steps and a
             short request admitted beside it is not held behind all of them.
@@ -154,6 +160,8 @@ class SchedulerConfig:
     max_checkpoint_samplers: int = 16
     sample_kv_budget_tokens: int = 262144
     sample_share: float = 0.5
+    sample_anticipation_s: float = 0.1
+    sample_anticipation_cycle_fraction: float = 0.05
     sample_prefill_tokens_per_step: int = 8192
     sample_max_tenant_share: float = 0.75
     seq_gap_timeout_s: float | None = 900.0
@@ -169,6 +177,9 @@ class SchedulerConfig:
         if not 0 < self.sample_max_tenant_share <= 1:
             raise user_error("sample_max_tenant_share",
                              f"must be in (0, 1], got {self.sample_max_tenant_share}")
+        for name in ("sample_anticipation_s", "sample_anticipation_cycle_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise user_error(name, f"must be in [0, 1], got {getattr(self, name)}")
         for name in ("decode_steps_per_cycle", "stream_decode_steps",
                      "sample_prefill_tokens_per_step"):
             if getattr(self, name) < 1:

@@ -31,13 +31,17 @@ class EngineShare:
 
     def pick(self, train_ready: bool, sample_ready: bool) -> WorkClass | None:
         if train_ready and sample_ready:
-            return "sample" if self._vtime["sample"] < self._vtime["train"] else "train"
+            return self.next_if_both()
         if not (train_ready or sample_ready):
             return None
         busy: WorkClass = "train" if train_ready else "sample"
         idle: WorkClass = "sample" if train_ready else "train"
         self._vtime[idle] = max(self._vtime[idle], self._vtime[busy])
         return busy
+
+    def next_if_both(self) -> WorkClass:
+        """The class that goes next when both have work."""
+        return "sample" if self._vtime["sample"] < self._vtime["train"] else "train"
 
     def charge(self, cls: WorkClass, engine_s: float) -> None:
         self._vtime[cls] += max(engine_s, MIN_CHARGE_S) / self._weight[cls]

@@ -73,9 +73,10 @@ from loraplex.errors import (
     WorkerLostError,
     user_error,
 )
+from loraplex.scheduler.anticipation import SampleAnticipation
 from loraplex.scheduler.completion import Completion, Finished
 from loraplex.scheduler.effects import Effects
-from loraplex.scheduler.engine_share import EngineShare
+from loraplex.scheduler.engine_share import EngineShare, WorkClass
 from loraplex.scheduler.evacuation import EvacuatedRun, Evacuation
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.futures import FutureStore
@@ -129,6 +130,9 @@ class Scheduler:
         self._inflight: Counter[str] = Counter()
         self._packer = CyclePacker(config.quantum_tokens)
         self._share = EngineShare(config.sample_share)
+        self._anticipation = SampleAnticipation(config.sample_anticipation_s,
+                                                config.sample_anticipation_cycle_fraction)
+        self._hold_s = 0.0  # how long the last plan-less planning held training for samples
         self._last_training = "control"
         self._installs: list[Install] = []
         self._reading: set[str] = set()  # sampler adapters being read or waiting to install
@@ -286,7 +290,7 @@ class Scheduler:
             return plan
         with self._lock:
             if self._generation == generation:
-                self._wakeup.wait(timeout)
+                self._wakeup.wait(min(timeout, self._hold_s) if self._hold_s else timeout)
         return self.plan()
 
     def wake(self) -> None:
@@ -327,7 +331,7 @@ class Scheduler:
         plan: Plan | None = (self._release_plan() or self._install_plan()
                              or self._expire_plan(now))
         if plan is None:
-            work_class = self._share.pick(self._has_training(), self._sample_ready())
+            work_class = self._pick_class()
             if work_class == "train":
                 plan = self._build_training(now)
             elif work_class == "sample":
@@ -336,6 +340,22 @@ class Scheduler:
             return None
         start = PlanStart(now, self.metrics.idle_since(now), time.perf_counter() - began)
         return replace(plan, start=start)
+
+    def _pick_class(self) -> WorkClass | None:
+        """Training or sampling next (policy 3); None while training is held for the samples
+        a sampling step just finished (`SampleAnticipation`), whose clients may come back."""
+        train, sample = self._has_training(), self._sample_ready()
+        self._hold_s = 0.0
+        if train and not sample and self._share.next_if_both() == "sample":
+            self._hold_s = self._anticipation.remaining(time.monotonic())
+            if self._hold_s > 0:
+                self._anticipation.hold()
+                return None
+        if train or sample:
+            held = self._anticipation.end(time.monotonic())
+            if held:
+                self._share.charge("sample", held)
+        return self._share.pick(train, sample)
 
     def _start_io(self, now: float) -> None:
         """Start the saves and loads at models' heads, and the checkpoint reads that waiting
@@ -464,6 +484,10 @@ class Scheduler:
             work_class = work_class_of(plan)
             if work_class is not None:
                 self._share.charge(work_class, outcome.engine_s)
+            if isinstance(plan, CyclePlan):
+                self._anticipation.cycle_done(outcome.engine_s)
+            elif isinstance(plan, SamplePlan) and outcome.outcomes:
+                self._anticipation.samples_finished(time.monotonic())
             num_running = self._samples.num_running()
         if isinstance(plan, InstallPlan):
             self._done.installed_sampler_adapters(plan, outcome)

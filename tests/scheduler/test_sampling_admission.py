@@ -3,9 +3,13 @@ queue state the SDK sees while waiting, and how training and sampling share the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
+import pytest
+
 from loraplex.domain.ops import CyclePlan, SamplePlan, WorkItem
+from loraplex.scheduler.anticipation import SampleAnticipation
 from loraplex.scheduler.engine_share import EngineShare
 from loraplex.scheduler.runner import run_plan
 from loraplex.store.stores import Stores
@@ -246,3 +250,68 @@ def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stor
         assert later.request_id in [it.request_id for it in step()], "room is kept for bob"
     while s._samples.has_work():
         step()
+
+
+def _cycle_then_sample(s, toy: ToyExecutor, cycle_s: float) -> None:  # type: ignore[no-untyped-def]
+    """A training run with ops left queued; one cycle of ``cycle_s`` engine seconds, then a
+    one-token sample that finishes in the next sampling step."""
+    s.submit(create("m:train:0"))
+    drain(s)
+    for seq in range(1, 21, 2):
+        s.submit(fwd_bwd("m:train:0", seq, [datum([2, 3, 4, 5])]))
+        s.submit(optim("m:train:0", seq + 1))
+    plan = s.plan()
+    assert isinstance(plan, CyclePlan)
+    s.complete(plan, replace(run_plan(toy, plan), engine_s=cycle_s))
+    s.submit(sample([2, 3], max_tokens=1))
+    plan = s.plan()
+    assert isinstance(plan, SamplePlan)
+    s.complete(plan, run_plan(toy, plan))
+    assert toy.num_running_samples() == 0
+
+
+def test_training_waits_briefly_for_the_next_request_of_a_finished_samples_client(
+        toy: ToyExecutor, stores: Stores) -> None:
+    """A sequential sampler beside a training flood: its next request, sent just after the
+    last finished, is admitted before the next cycle (on main it waited a whole cycle)."""
+    s = make_scheduler(toy, stores, sample_anticipation_s=0.2,
+                       sample_anticipation_cycle_fraction=0.1)
+    _cycle_then_sample(s, toy, cycle_s=1.0)
+    assert s.plan() is None, "training holds for the sampler's next request"
+    s.submit(sample([4, 5], max_tokens=1))
+    assert isinstance(s.plan(), SamplePlan), "the request came back within the hold"
+
+
+def test_the_hold_is_bounded_and_runs_out(toy: ToyExecutor, stores: Stores) -> None:
+    """A client that does not come back costs training at most the hold: ``min(cap,
+    fraction × mean cycle)`` (here min(1, 0.05 × 1 s)), and then the cycle starts."""
+    s = make_scheduler(toy, stores, sample_anticipation_s=1.0,
+                       sample_anticipation_cycle_fraction=0.05)
+    _cycle_then_sample(s, toy, cycle_s=1.0)
+    began = time.monotonic()
+    plan = s.wait_for_plan(timeout=5.0)
+    while plan is None and time.monotonic() - began < 5.0:
+        plan = s.wait_for_plan(timeout=5.0)
+    waited = time.monotonic() - began
+    assert isinstance(plan, CyclePlan)
+    assert 0.03 <= waited < 1.0, f"held {waited:.3f} s for a 0.05 s hold"
+
+
+def test_no_hold_when_anticipation_is_off(toy: ToyExecutor, stores: Stores) -> None:
+    s = make_scheduler(toy, stores, sample_anticipation_s=0.0)
+    _cycle_then_sample(s, toy, cycle_s=1.0)
+    assert isinstance(s.plan(), CyclePlan)
+
+
+def test_the_hold_is_charged_to_sampling() -> None:
+    """Training's wait for a sampler counts as sampling's engine time, so a client that
+    always comes back gets ``sample_share`` and no more."""
+    hold = SampleAnticipation(cap_s=0.1, cycle_fraction=0.5)
+    hold.cycle_done(1.0)
+    hold.samples_finished(now=100.0)
+    assert hold.remaining(now=100.02) == pytest.approx(0.08)
+    assert hold.end(now=100.03) == 0.0, "training never waited on it: nothing to charge"
+    hold.samples_finished(now=200.0)
+    hold.hold()
+    assert hold.end(now=200.5) == pytest.approx(0.1), "at most the hold is charged"
+    assert hold.remaining(now=200.6) == 0.0

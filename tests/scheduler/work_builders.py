@@ -28,6 +28,7 @@ def rid() -> str:
 
 
 def make_scheduler(executor, stores: Stores, clock=None, **config) -> Scheduler:  # type: ignore[no-untyped-def]
+    config.setdefault("sample_anticipation_s", 0.0)  # no real-time holds unless a test asks
     futures = FutureStore(ttl_s=3600, journal=stores.futures)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
     if clock is None:
