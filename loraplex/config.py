@@ -380,18 +380,28 @@ class ClusterConfig:
             processes that together hold one copy of the base model as pipeline stages
             (torch.distributed, gloo on CPU and NCCL on CUDA): Ray actors when Ray is used,
             else child processes of the server (``workers`` 0 then means one group).
+        ray_host: the interface a Ray runtime this server starts listens on (None: the API's
+            ``server.host``; loopback keeps Ray on loopback too). A joined cluster
+            (``ray_address``) binds as it was started.
+        head_probe_interval_s: how often the Ray head's GCS port is probed; three misses in
+            a row and the head is lost (workers fail over, the connection is made again).
     """
 
     workers: int = 0
     ray_address: str | None = None
     worker_resources: str = "CPU=1"
     model_parallel: int = 1
+    ray_host: str | None = None
+    head_probe_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.workers < 0:
             raise user_error("workers", f"must be ≥ 0, got {self.workers}")
         if self.model_parallel < 1:
             raise user_error("model_parallel", f"must be ≥ 1, got {self.model_parallel}")
+        if not self.head_probe_interval_s > 0:
+            raise user_error("head_probe_interval_s",
+                             f"must be > 0, got {self.head_probe_interval_s}")
 
     @property
     def uses_ray(self) -> bool:

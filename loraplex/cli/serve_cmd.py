@@ -172,6 +172,7 @@ def executors_of(config: LoraplexConfig) -> Callable[[str], BatchExecutor | Work
     from loraplex.cluster.ray_workers import RayWorkers
 
     cluster = config.cluster if config.cluster.workers else replace(config.cluster, workers=1)
+    cluster = replace(cluster, ray_host=cluster.ray_host or config.server.host)
     return RayWorkers(cluster, engine, config.scheduler).group
 
 
@@ -214,7 +215,8 @@ def build_context(
             log.info("loading %s from %s", model.source, directory)
             made = make_executor(directory)
             group = made if isinstance(made, WorkerGroup) else WorkerGroup([made])
-            lanes = by_dir[directory] = Lanes(make_scheduler, stores.checkpoints, group.spawn)
+            lanes = by_dir[directory] = Lanes(make_scheduler, stores.checkpoints, group.spawn,
+                                                  group.health)
             for executor in group.executors:
                 lanes.add_worker(executor)
         lanes = by_dir[directory]

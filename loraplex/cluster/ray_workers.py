@@ -20,6 +20,7 @@ import ray
 
 from loraplex.cluster.local_groups import group_store, start_group
 from loraplex.cluster.model_parallel import ModelParallelGroup, RankHandle
+from loraplex.cluster.ray_head import RayHead
 from loraplex.cluster.remote_executor import RemoteExecutor
 from loraplex.cluster.worker import EngineWorker, GroupMember
 from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
@@ -75,12 +76,11 @@ class RayWorkers:
         self.engine = engine
         self.bundle = Bundle.parse(cluster.worker_resources)
         self._concurrency = 1 + scheduler.io_threads
-        if not ray.is_initialized():
-            if cluster.ray_address:
-                ray.init(address=cluster.ray_address, log_to_driver=False)
-            else:
-                ray.init(include_dashboard=False, log_to_driver=False)
-        log.info("ray: %s, worker bundle %s", ray.cluster_resources(), self.bundle)
+        self.head = RayHead(cluster.ray_address, cluster.ray_host or "127.0.0.1",
+                            cluster.head_probe_interval_s)
+        self.head.connect()
+        self.head.start()
+        log.info("ray: worker bundle %s", self.bundle)
 
     def group(self, model_dir: str) -> WorkerGroup:
         """``cluster.workers`` workers of ``model_dir`` (started concurrently), and how to
@@ -88,18 +88,20 @@ class RayWorkers:
         with ThreadPoolExecutor(max(1, self.cluster.workers)) as pool:
             executors = list(pool.map(lambda _: self.spawn(model_dir),
                                       range(self.cluster.workers)))
-        return WorkerGroup(list(executors), spawn=lambda: self.spawn(model_dir))
+        return WorkerGroup(list(executors), spawn=lambda: self.spawn(model_dir),
+                           health=lambda: self.head.problem)
 
     def spawn(self, model_dir: str) -> BatchExecutor:
         """One more worker of ``model_dir`` (a group of ``model_parallel`` ranks); blocks
-        until it has loaded the model."""
+        until it has loaded the model (and, while the Ray head is lost, until it is back)."""
+        generation = self.head.wait_up()
         if self.cluster.model_parallel > 1:
             return self.spawn_group(model_dir)
         actor = self._actor(model_dir, "SPREAD")
-        info, pid, node_id, _ = ray.get(actor.ready.remote())
+        info, pid, node_id, _ = self.head.get(actor.ready.remote(), generation)
         name = f"pid {pid}"
         log.info("engine worker %s up on node %s (%s)", name, node_id[:8], model_dir)
-        return RemoteExecutor(name, actor, info, pid, node_id)
+        return RemoteExecutor(name, actor, info, pid, node_id, self.head, generation)
 
     def spawn_group(self, model_dir: str) -> ModelParallelGroup:
         """``model_parallel`` rank actors, one per bundle of a ``STRICT_PACK`` placement
@@ -138,8 +140,7 @@ class RayWorkers:
                                                 int(self.bundle.num_cpus) or 1, member)
 
     def shutdown(self) -> None:
-        if ray.is_initialized() and not self.cluster.ray_address:
-            ray.shutdown()
+        self.head.shutdown()
 
 
 class RayRank:

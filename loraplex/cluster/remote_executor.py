@@ -1,7 +1,8 @@
 """`RemoteExecutor`: the server-side stand-in of one `EngineWorker` actor, implementing the
 scheduler's `BatchExecutor` protocol with one blocking Ray call per method.
 
-A worker whose actor or node died answers every call with a `WorkerLostError` (the lane then
+A worker whose actor or node died, or whose Ray head was lost (`RayHead`), answers every call
+with a `WorkerLostError` (the lane then
 stops and its runs move, see `loraplex.scheduler.lanes`); a domain error the worker returned is
 raised here as itself. The base model's facts are asked once, when the worker comes up.
 """
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 import ray
 from ray import exceptions as ray_errors
 
+from loraplex.cluster.ray_head import RayHead
 from loraplex.cluster.worker import PreparedHandle, Raised
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
@@ -42,14 +44,19 @@ class RemoteExecutor:
         name: the worker's name in logs and errors.
         actor: its Ray actor handle (an `EngineWorker`).
         info, pid, node_id: what its ``ready`` call answered.
+        head: the Ray connection (a lost head fails every call at once).
+        generation: the connection the actor was made in.
     """
 
-    def __init__(self, name: str, actor: Any, info: ModelInfo, pid: int, node_id: str) -> None:
+    def __init__(self, name: str, actor: Any, info: ModelInfo, pid: int, node_id: str,
+                 head: RayHead, generation: int) -> None:
         self.name = name
         self.actor = actor
         self.pid = pid
         self.node_id = node_id
         self._info = info
+        self._head = head
+        self._generation = generation
 
     def model_info(self) -> ModelInfo:
         return self._info
@@ -101,14 +108,17 @@ class RemoteExecutor:
         return self._call("noop", payload)
 
     def close(self) -> None:
-        """End the actor (its resources go back to the Ray cluster)."""
-        ray.kill(self.actor, no_restart=True)
+        """End the actor (its resources go back to the Ray cluster); nothing to do when its
+        runtime is gone."""
+        if self._generation == self._head.generation and self._head.problem is None:
+            ray.kill(self.actor, no_restart=True)
 
     def _call(self, method: str, *args: Any) -> Any:
         """One call on the actor; a domain error it returned is raised, a lost actor is a
-        `WorkerLostError`."""
+        `WorkerLostError` (and so is every call while the Ray head is lost)."""
+        self._head.check(self._generation)
         try:
-            value = ray.get(getattr(self.actor, method).remote(*args))
+            value = self._head.get(getattr(self.actor, method).remote(*args), self._generation)
         except LOST as exc:
             raise WorkerLostError(f"engine worker {self.name} was lost "
                                   f"({type(exc).__name__})") from None

@@ -46,11 +46,13 @@ SAMPLER_KEY_MEMORY = 65536
 
 @dataclass(frozen=True)
 class WorkerGroup:
-    """The engine workers of one model source, and how to start one more (None: no
-    replacements; the in-process engine is a group of one)."""
+    """The engine workers of one model source, how to start one more (None: no
+    replacements; the in-process engine is a group of one), and what is wrong with the
+    runtime they run in (None: nothing; e.g. the Ray head is lost)."""
 
     executors: list[BatchExecutor]
     spawn: Callable[[], BatchExecutor] | None = None
+    health: Callable[[], str | None] | None = None
 
 
 @dataclass
@@ -76,11 +78,13 @@ class Lanes:
         make_scheduler: a scheduler for a new worker's executor.
         checkpoints: where a lost run's latest save_state is found.
         spawn: starts a replacement worker (blocks until it is up; None: no replacements).
+        health: what is wrong with the workers' runtime, if anything (`WorkerGroup.health`).
     """
 
     make_scheduler: Callable[[BatchExecutor], Scheduler]
     checkpoints: CheckpointStore
     spawn: Callable[[], BatchExecutor] | None = None
+    health: Callable[[], str | None] | None = None
     lanes: list[Lane] = field(default_factory=list)
     retired: list[Lane] = field(default_factory=list)
     _owner: dict[str, Lane] = field(default_factory=dict)
@@ -138,6 +142,17 @@ class Lanes:
         for lane in lanes:
             lane.loop.stop()
             lane.scheduler.executor.close()
+
+    def problem(self) -> str | None:
+        """Why these lanes cannot serve right now (None: at least one worker is up and its
+        runtime is healthy)."""
+        problem = self.health() if self.health is not None else None
+        if problem is not None:
+            return problem
+        with self._lock:
+            if not any(lane.is_alive for lane in self.lanes):
+                return "no engine worker is up; a replacement is starting"
+        return None
 
     def schedulers(self) -> list[tuple[str, Scheduler]]:
         """Every live lane's (worker name, scheduler)."""

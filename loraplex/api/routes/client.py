@@ -62,8 +62,13 @@ async def telemetry(request: Request) -> dict[str, str]:
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz(request: Request) -> dict[str, Any]:
+    """``ok``, or ``degraded`` with what is wrong (the server answers either way: a lost Ray
+    head or no live engine worker of a model makes its ops fail with retryable errors)."""
+    problems = [f"{', '.join(m.name for m in ctx_of(request).catalog if m.lanes is lanes)}: "
+                f"{problem}" for lanes in ctx_of(request).catalog.lanes()
+                if (problem := lanes.problem()) is not None]
+    return {"status": "degraded", "problems": problems} if problems else {"status": "ok"}
 
 
 @router.get("/get_server_capabilities")
