@@ -39,7 +39,6 @@ from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, S
 from loraplex.engine.checkpoint_io import LoadedAdapter, load_checkpoint, save_checkpoint
 from loraplex.engine.group_checkpoint import AdapterShare
 from loraplex.engine.host_allocator import release_freed_memory, retain_freed_memory
-from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.stage_pipe import StagePipe
@@ -48,9 +47,8 @@ from loraplex.engine.paging.memory_stats import MemoryStats
 from loraplex.engine.paging.pager import AdapterPager
 from loraplex.engine.peft_export import write_peft_adapter
 from loraplex.engine.sampling.sampler import Sampler
-from loraplex.engine.sampling.validation import check_sample_work
 from loraplex.engine.trainer import Trainer, is_trainable
-from loraplex.errors import LoraplexError, NotFoundError
+from loraplex.errors import NotFoundError
 
 
 class Engine:
@@ -132,32 +130,6 @@ class Engine:
         with self._resident([src_adapter_id], extra_bytes=copy_bytes):
             self.bank.snapshot(src_adapter_id, dst_adapter_id)
             self.pager.add(dst_adapter_id)
-
-    def ensure_adapter(self, adapter_id: str, adapter_dir: str | None) -> None:
-        """Load ``adapter_id``'s weights (frozen) from ``adapter_dir`` unless the engine has
-        it (resident or paged out: it is paged in when used).
-
-        Raises:
-            NotFoundError: not resident and no directory to load it from.
-            UserError: the directory holds no usable checkpoint.
-        """
-        self._load_frozen_adapter(adapter_id, adapter_dir)
-        self._drop_stacks(self.pager.settle())
-
-    def _load_frozen_adapter(self, adapter_id: str, adapter_dir: str | None) -> None:
-        """`ensure_adapter` without settling the budget (the caller's lease does)."""
-        if adapter_id not in self.bank:
-            self.bank.put(adapter_id, self._read_frozen_adapter(adapter_id, adapter_dir))
-            self.pager.add(adapter_id)
-
-    def _read_frozen_adapter(self, adapter_id: str, adapter_dir: str | None) -> LoraAdapter:
-        """``adapter_id``'s weights read from its checkpoint files (frozen); the bank is not
-        touched, so this part could run off the engine's thread."""
-        if adapter_dir is None:
-            raise NotFoundError(f"adapter {adapter_id!r} is not loaded", field="model_id")
-        loaded = load_checkpoint(adapter_dir, self.model.spec, self._read_device,
-                                 with_optimizer=False, trainable=False)
-        return loaded.adapter
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -247,12 +219,13 @@ class Engine:
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
                     cancel: Sequence[str] = ()) -> SampleStep:
-        """Cancel ``cancel``, load the admitted requests' missing adapters (`ensure_adapter`),
-        page in theirs and the running requests' adapters, then step the sampler with the
-        requests whose adapter is ready. A request whose adapter cannot be loaded fails alone
-        with that error."""
+        """Cancel ``cancel``, page in the admitted and running requests' adapters, then step
+        the sampler. Adapters are resident by protocol (the scheduler reads a checkpoint on
+        an IO thread and installs it before it admits its samples): an admitted request whose
+        adapter this engine does not hold fails alone with a `NotFoundError`; nothing is read
+        from disk on this thread."""
         cancelled = self.sampler.cancel(cancel, cancelled_error()) if cancel else []
-        ready, failed = self._with_loaded_adapters(admit)
+        ready, failed = self._with_held_adapters(admit)
         needed = [w.adapter_id for w in ready if w.adapter_id is not None]
         with self._resident([*needed, *self.sampler.adapter_ids()]):
             finished = self.sampler.step(ready, max_decode_steps)
@@ -273,22 +246,16 @@ class Engine:
                                     self.pipe)
         return self._sampler
 
-    def _with_loaded_adapters(self, works: Sequence[SampleWork]
-                              ) -> tuple[list[SampleWork], list[SampleOutcome]]:
-        """The works whose adapter is (now) in the bank, and the failures of the others.
-
-        A work that needs a load is validated first, so a bad request loads nothing and
-        reports its own error (the sampler validates every work again on admission).
-        """
+    def _with_held_adapters(self, works: Sequence[SampleWork]
+                            ) -> tuple[list[SampleWork], list[SampleOutcome]]:
+        """The works whose adapter is in the bank, and the failures of the others."""
         ready: list[SampleWork] = []
         failed: list[SampleOutcome] = []
         for work in works:
-            try:
-                if work.adapter_id is not None and work.adapter_id not in self.bank:
-                    check_sample_work(work, self.sampler.limits)
-                    self._load_frozen_adapter(work.adapter_id, work.adapter_dir)
-            except LoraplexError as exc:
-                failed.append((work.request_id, exc))
+            if work.adapter_id is not None and work.adapter_id not in self.bank:
+                failed.append((work.request_id, NotFoundError(
+                    f"adapter {work.adapter_id!r} is not loaded on this engine",
+                    field="model_path")))
             else:
                 ready.append(work)
         return ready, failed

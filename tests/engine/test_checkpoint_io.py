@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,14 @@ from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.optim import AdamParams, DimuonParams, OptimParams
 from loraplex.domain.results import ForwardBackwardResult
-from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SaveWork
+from loraplex.domain.sampling import SamplingParams
+from loraplex.domain.work import (
+    ForwardBackwardWork,
+    LoadWork,
+    OptimStepWork,
+    SampleWork,
+    SaveWork,
+)
 from loraplex.engine.checkpoint_io import MANIFEST, OPTIMIZER, WEIGHTS
 from loraplex.engine.executor import Engine
 from loraplex.errors import ConflictError, UserError
@@ -155,14 +163,21 @@ def test_load_errors_name_the_problem_and_change_nothing(tiny_model_dir: Path,
                                                   strict=True))
 
 
-def test_ensure_adapter_loads_frozen_weights_for_sampling(tiny_model_dir: Path,
+def test_a_sampler_checkpoint_is_read_and_installed_frozen(tiny_model_dir: Path,
                                                           tmp_path: Path) -> None:
+    """The protocol's path for a sampler's weights: ``read_checkpoint`` (IO thread), then
+    ``install_adapter``; sampling an adapter the engine does not hold fails that request
+    alone and reads nothing (no second, clock-thread loading path)."""
     engine = engine_with(tiny_model_dir)
     engine.save_adapter(SaveWork("a", str(tmp_path / "w"), with_optimizer=False))
-    with pytest.raises(UserError):
-        engine.ensure_adapter("sampler-1", None)
-    engine.ensure_adapter("sampler-1", str(tmp_path / "w"))
-    engine.ensure_adapter("sampler-1", str(tmp_path / "does-not-matter-once-resident"))
+    missing = SampleWork("s0", "sampler-1", str(tmp_path / "w"), array("q", [2, 3]), 1,
+                         SamplingParams(max_tokens=2, seed=1))
+    step = engine.sample_step([missing], 4)
+    assert [(rid, type(out).__name__) for rid, out in step.finished] == [
+        ("s0", "NotFoundError")]
+    assert "sampler-1" not in engine.bank
+    engine.install_adapter("sampler-1", engine.read_checkpoint(
+        LoadWork("sampler-1", str(tmp_path / "w"), with_optimizer=False, frozen=True)))
     frozen = engine.bank.get("sampler-1")
     assert not any(p.requires_grad for p in frozen.parameters())
     gen = torch.Generator().manual_seed(0)

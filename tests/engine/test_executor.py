@@ -1,6 +1,6 @@
 """The `Engine` facade: the BatchExecutor protocol's surface, adapter lifecycle, model info,
-resident memory per adapter after a step (parameters + two moments, no gradients), and the
-adapter loads `sample_step` does before the sampler runs."""
+resident memory per adapter after a step (parameters + two moments, no gradients), and
+`sample_step` reading no checkpoint (adapters are resident by protocol)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
-from loraplex.domain.work import OptimStepWork, SampleWork, SaveWork
+from loraplex.domain.work import LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.executor import Engine
 from loraplex.errors import ConflictError, NotFoundError, UserError
 from loraplex.scheduler.executor import BatchExecutor
@@ -88,30 +88,35 @@ def test_resident_bytes_after_a_step_are_parameters_plus_two_moments(tiny_model_
     assert state is not None and state.nbytes == 2 * params_bytes + 4
 
 
-def test_sample_step_loads_sampler_adapters_and_a_failed_load_fails_its_request_alone(
+def test_sample_step_reads_no_checkpoint_and_fails_a_request_whose_adapter_is_absent(
         tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Adapters are resident by protocol: ``sample_step`` never reads a checkpoint on the
+    clock thread, even when the request names one; that request fails alone (NotFoundError),
+    the others sample, and once installed the same request samples."""
     engine = Engine(str(tiny_model_dir), EngineConfig(kv_cache_blocks=64))
     engine.create_adapter("a", LoraConfig(rank=4, seed=1))
     engine.save_adapter(SaveWork("a", str(tmp_path / "ckpt"), with_optimizer=False))
     params = SamplingParams(max_tokens=2, seed=0, stop=StopCondition(use_eos=False))
 
-    def request(request_id: str, adapter_id: str, adapter_dir: str | None,
-                prompt: tuple[int, ...] = (5, 6, 7)) -> SampleWork:
-        return SampleWork(request_id, adapter_id, adapter_dir, array("q", prompt), 1, params)
+    def request(request_id: str, adapter_id: str | None) -> SampleWork:
+        return SampleWork(request_id, adapter_id, str(tmp_path / "ckpt"), array("q", (5, 6, 7)),
+                          1, params)
 
-    pending = [request("no-dir", "s1", None), request("bad-dir", "s2", str(tmp_path / "none")),
-               request("invalid", "s3", str(tmp_path / "ckpt"), prompt=(99_999,)),
-               request("loads", "s4", str(tmp_path / "ckpt"))]
-    outcomes = {}
-    while pending or engine.num_running_samples():
-        outcomes.update(engine.sample_step(pending, 4).finished)
-        pending = []
-    assert isinstance(outcomes["no-dir"], NotFoundError)
-    assert isinstance(outcomes["bad-dir"], UserError) and outcomes["bad-dir"].field == "path"
-    invalid = outcomes["invalid"]  # validated before loading: it loads nothing
-    assert isinstance(invalid, UserError) and invalid.field == "prompt[0]"
-    assert isinstance(outcomes["loads"], SampleResult)
-    assert [engine.has_adapter(a) for a in ("s1", "s2", "s3", "s4")] == [False] * 3 + [True]
+    def run(pending: list[SampleWork]) -> dict[str, object]:
+        outcomes: dict[str, object] = {}
+        while pending or engine.num_running_samples():
+            outcomes.update(engine.sample_step(pending, 4).finished)
+            pending = []
+        return outcomes
+
+    outcomes = run([request("absent", "s1"), request("trained", "a"), request("base", None)])
+    assert isinstance(outcomes["absent"], NotFoundError)
+    assert all(isinstance(outcomes[r], SampleResult) for r in ("trained", "base"))
+    assert not engine.has_adapter("s1")
+    engine.install_adapter("s1", engine.read_checkpoint(
+        LoadWork("s1", str(tmp_path / "ckpt"), with_optimizer=False, frozen=True)))
+    again = run([request("installed", "s1")])
+    assert isinstance(again["installed"], SampleResult)
 
 
 def test_model_info_names_what_decides_the_bits(tiny_model_dir: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
-from loraplex.domain.work import OptimStepWork, SampleWork, SaveWork
+from loraplex.domain.work import LoadWork, OptimStepWork, SampleWork, SaveWork
 from loraplex.engine.executor import Engine
 from tests.engine.paging.paging_rig import (
     LORA,
@@ -70,6 +70,8 @@ def test_paged_out_sampler_adapters_sample_the_unpaged_tokens_and_logprobs(
     for engine in (make_engine(tiny_model_dir, **KV),
                    budgeted_engine(tiny_model_dir, 1, host_memory_budget=0, **KV)):
         prepare(engine, tmp_path / "ckpt")
+        engine.install_adapter("c@1", engine.read_checkpoint(  # as the scheduler does
+            LoadWork("c@1", str(tmp_path / "ckpt"), with_optimizer=False, frozen=True)))
         works = [request("snapshot", "s@1", 12),
                  request("checkpoint", "c@1", 12, adapter_dir=str(tmp_path / "ckpt")),
                  request("base", None, 5)]

@@ -208,7 +208,7 @@ def test_invalid_requests_fail_alone_naming_the_field(rig: Rig, kwargs: dict,
 
 
 def test_a_request_whose_adapter_is_not_resident_fails_alone(rig: Rig) -> None:
-    # The sampler never loads adapters (`Engine.sample_step` does, tests/engine/test_executor.py)
+    # Neither the sampler nor `Engine.sample_step` loads adapters: the scheduler installs them
     outcomes = run(rig.sampler(), [work("x", PROMPT, "missing", adapter_dir="/ckpt/x"),
                                    work("y", PROMPT, "a", max_tokens=2)])
     assert isinstance(outcomes["x"], NotFoundError)
