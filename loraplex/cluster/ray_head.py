@@ -70,7 +70,7 @@ class RayHead:
         os.environ.update(DRIVER_ENV)
         if not ray.is_initialized():
             if self.address:
-                ray.init(address=self.address, log_to_driver=False)
+                self._join_cluster()
             else:
                 ray.init(include_dashboard=False, log_to_driver=False, **self._bind())
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
@@ -81,13 +81,33 @@ class RayHead:
             self._cond.notify_all()
         log.info("ray: head at %s:%d, %s", *self._gcs, ray.cluster_resources())
 
+    def _join_cluster(self) -> None:
+        try:
+            ray.init(address=self.address, log_to_driver=False, **self._join())
+        except ConnectionError as err:
+            if "RAY_AUTH_MODE" in os.environ:
+                raise
+            raise ConnectionError(f"{err}. A head from `ray start` checks a token when it has "
+                                  "one, and Ray sends none to an explicit address: set "
+                                  "RAY_AUTH_MODE=token (the token is read from RAY_AUTH_TOKEN, "
+                                  "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from err
+
+    def _join(self) -> dict[str, Any]:
+        """A head on loopback is joined on loopback (Ray would swap in this node's address)."""
+        assert self.address
+        host = self.address.rpartition(":")[0].strip("[]")
+        return self._loopback() if host in LOOPBACK else {}
+
+    def _loopback(self) -> dict[str, Any]:
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's child processes
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
+        return {"_node_ip_address": "127.0.0.1"}
+
     def _bind(self) -> dict[str, Any]:
         if self.host in LOOPBACK:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's child processes
-            from ray._private import ray_constants
-
-            ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray already
-            return {"_node_ip_address": "127.0.0.1"}
+            return self._loopback()
         if self.host not in ("0.0.0.0", "::", ""):
             return {"_node_ip_address": self.host}
         return {}

@@ -7,8 +7,10 @@ and the server process ended 60 s after the head did)."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,15 +69,18 @@ def _listeners(processes: list[psutil.Process]) -> set[str]:
     return out
 
 
-@pytest.fixture
-def ray_serve(tmp_path: Path, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+"""Ray's token authentication, on in every runtime these tests start or join."""
+
+
+def _serve(tmp_path: Path, tiny_model_dir: Path, *cluster: str):  # type: ignore[no-untyped-def]
     data = tmp_path / "data"
     seed_builtin_tiny(data, tiny_model_dir)
     port, log_path = free_port(), tmp_path / "serve.log"
-    env = {**os.environ, "LORAPLEX_CLUSTER_HEAD_PROBE_INTERVAL_S": "0.5"}
+    env = {**os.environ, **RAY_AUTH, "LORAPLEX_CLUSTER_HEAD_PROBE_INTERVAL_S": "0.5"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([*LORAPLEX_SERVE, "--port", str(port), "--data-dir", str(data),
-                                 "--open", "--workers", "1", "--threads", "1"], cwd=REPO,
+                                 "--open", "--threads", "1", *cluster], cwd=REPO,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -83,15 +88,24 @@ def ray_serve(tmp_path: Path, tiny_model_dir: Path):  # type: ignore[no-untyped-
         _wait_health(url, proc, "ok", 120)
         yield url, proc, log_path
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        _end(proc)
         for child in psutil.process_iter(["cmdline"]):  # Ray's leftovers of that session
             if str(data) in " ".join(child.info["cmdline"] or ()):
                 child.kill()
+
+
+def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def ray_serve(tmp_path: Path, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    yield from _serve(tmp_path, tiny_model_dir, "--workers", "1")
 
 
 def test_the_ray_head_dies_and_the_server_recovers(ray_serve) -> None:  # type: ignore[no-untyped-def]
@@ -125,3 +139,63 @@ def test_the_ray_head_dies_and_the_server_recovers(ray_serve) -> None:  # type: 
     assert "ray: connected again (runtime 2)" in log, log
     new_gcs = [p for p in _ray_children(proc.pid) if p.name() == "gcs_server"]
     assert new_gcs and new_gcs[0].pid != gcs[0].pid
+
+
+def _head(port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """``ray start --head --block`` on ``port`` in a process group of its own."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([str(ray_cli), "start", "--head", "--block", "--port", str(port),
+                                 "--num-cpus", "1", "--include-dashboard", "false",
+                                 "--node-ip-address", "127.0.0.1"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **RAY_AUTH,
+                                     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+
+
+def _wait_port(port: int, timeout_s: float = 60) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_joined_clusters_head_dies_and_comes_back(tmp_path: Path,
+                                                    tiny_model_dir: Path) -> None:
+    """``--ray-address``: the head is killed (its whole process group) and started again on
+    the same port 5 s later; the server answers throughout, waits, rejoins, and its run goes
+    on from its save_state."""
+    port = free_port()
+    head = _head(port, tmp_path / "head.log")
+    try:
+        _wait_port(port)
+        serve = _serve(tmp_path, tiny_model_dir, "--ray-address", f"127.0.0.1:{port}",
+                       "--workers", "1")
+        url, proc, log_path = next(serve)
+        try:
+            tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
+                base_model=MODEL, rank=4).result()
+            tc.forward_backward(DATA, "cross_entropy")
+            tc.optim_step(ADAM).result()
+            tc.save_state("before-head-loss").result()
+            saved = logprobs(tc.forward(DATA, "cross_entropy").result())
+            _end(head, signal.SIGKILL)
+            _wait_health(url, proc, "degraded", 30)
+            time.sleep(5.0)
+            body, _ = _health(url)
+            assert body["status"] == "degraded", "still down: still degraded"
+            head = _head(port, tmp_path / "head.log")
+            _wait_health(url, proc, "ok", 120)
+            after = logprobs(tc.forward(DATA, "cross_entropy").result(timeout=120))
+            assert all(np.array_equal(a, b) for a, b in zip(after, saved, strict=True))
+            log = log_path.read_text(errors="replace")
+            assert f"rejoining 127.0.0.1:{port}" in log and "connected again" in log, log
+        finally:
+            next(serve, None)
+    finally:
+        _end(head, signal.SIGKILL)
