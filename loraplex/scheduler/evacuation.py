@@ -4,8 +4,18 @@ failed with a retryable error) and every live training run (to be restored elsew
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import assert_never
 
-from loraplex.domain.ops import WorkItem
+from loraplex.domain.ops import (
+    ControlPlan,
+    CyclePlan,
+    ExpirePlan,
+    InstallPlan,
+    Plan,
+    ReleasePlan,
+    SamplePlan,
+    WorkItem,
+)
 
 
 @dataclass(frozen=True)
@@ -30,3 +40,21 @@ class Evacuation:
 
     items: tuple[tuple[WorkItem, str | None], ...]
     runs: tuple[EvacuatedRun, ...]
+
+
+def started_items(plan: Plan | None) -> list[WorkItem]:
+    """The items the plan a worker was lost in had started (a sample plan's running
+    requests are in the sampling queue, taken from there)."""
+    match plan:
+        case None | ReleasePlan():
+            return []
+        case CyclePlan() | ExpirePlan():
+            return list(plan.items)
+        case ControlPlan():
+            return [plan.item]
+        case InstallPlan():
+            return [i.item for i in plan.installs if i.item is not None]
+        case SamplePlan():
+            return []  # admitted samples are in the sampling queue's running set
+        case _:
+            assert_never(plan)

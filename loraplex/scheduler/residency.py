@@ -42,6 +42,7 @@ class AdapterResidency:
         self._refs: Counter[str] = Counter()
         self._doomed: set[str] = set()
         self._installed: set[str] = set()
+        self._reading: set[str] = set()  # checkpoint adapters being read or awaiting install
 
     def add_snapshot(self, model_id: str, adapter_id: str, *, inflight: bool) -> None:
         self._live.add(adapter_id)
@@ -128,6 +129,24 @@ class AdapterResidency:
     def is_installed(self, adapter_id: str) -> bool:
         """Whether a checkpoint adapter is in the engine (installed, not yet released)."""
         return adapter_id in self._installed
+
+    def needs_read(self, op: SampleOp) -> bool:
+        """Whether a waiting checkpoint sample's adapter must still be read from its dir."""
+        adapter_id = op.work.adapter_id
+        return (op.source == "checkpoint" and adapter_id is not None
+                and op.work.adapter_dir is not None and adapter_id not in self._reading
+                and adapter_id not in self._installed)
+
+    def is_ready(self, op: SampleOp) -> bool:
+        """A waiting sample may be admitted: its adapter is resident (or needs no reading)."""
+        return op.work.adapter_id not in self._reading and not self.needs_read(op)
+
+    def start_reading(self, adapter_id: str) -> None:
+        self._reading.add(adapter_id)
+
+    def done_reading(self, adapter_id: str) -> None:
+        """The read ended (installed, or failed)."""
+        self._reading.discard(adapter_id)
 
     def take_releasable(self) -> list[str]:
         """Doomed versions no running sample uses any more (removed from the bookkeeping:

@@ -17,8 +17,9 @@ Policy (`_plan_locked`, the one place it lives):
    (without holding back their tenant's other samples) until it is installed.
 2. Then releases of unused adapters, installs, and ops stuck behind a seq_id missing for longer
    than ``seq_gap_timeout_s`` (they fail with a user error; the missing id is skipped).
-3. Training and sampling share the engine by engine time (`EngineShare`): while both have
-   work, sampling gets ``sample_share`` of it and training the rest; alone, either gets all.
+3. Training and sampling share the engine by engine time (`WorkChoice`): while both have
+   work, sampling gets ``sample_share`` of it and training the rest; alone, either gets all;
+   after a sampling step finished requests, training waits briefly for their clients' next.
 4. Training work is a clock cycle or one control op; they alternate when both are ready.
    A **clock cycle** is one engine ``forward_backward`` call packing the ready forward /
    forward_backward ops of many models — for each model its *run*: several consecutive ops
@@ -44,7 +45,6 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import assert_never
 
 from loraplex.config import SchedulerConfig
 from loraplex.domain.ids import TinkerPath
@@ -73,15 +73,13 @@ from loraplex.errors import (
     WorkerLostError,
     user_error,
 )
-from loraplex.scheduler.anticipation import SampleAnticipation
 from loraplex.scheduler.completion import Completion, Finished
 from loraplex.scheduler.effects import Effects
-from loraplex.scheduler.engine_share import EngineShare, WorkClass
-from loraplex.scheduler.evacuation import EvacuatedRun, Evacuation
+from loraplex.scheduler.evacuation import EvacuatedRun, Evacuation, started_items
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.io_workers import IoWorkers, Job, ThreadedIo
-from loraplex.scheduler.metrics import SchedulerMetrics, work_class_of
+from loraplex.scheduler.metrics import SchedulerMetrics
 from loraplex.scheduler.model_queue import ModelQueue
 from loraplex.scheduler.packer import CyclePacker
 from loraplex.scheduler.residency import AdapterResidency, sample_op
@@ -89,6 +87,7 @@ from loraplex.scheduler.runner import PlanOutcome
 from loraplex.scheduler.sample_queue import SampleQueue
 from loraplex.scheduler.step_log import StepLog
 from loraplex.scheduler.usage import UsageLog
+from loraplex.scheduler.work_choice import WorkChoice
 
 SAMPLE_DEDUPE_MEMORY = 65536
 
@@ -129,13 +128,9 @@ class Scheduler:
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
         self._inflight: Counter[str] = Counter()
         self._packer = CyclePacker(config.quantum_tokens)
-        self._share = EngineShare(config.sample_share)
-        self._anticipation = SampleAnticipation(config.sample_anticipation_s,
-                                                config.sample_anticipation_cycle_fraction)
-        self._hold_s = 0.0  # how long the last plan-less planning held training for samples
+        self._choice = WorkChoice(config)
         self._last_training = "control"
         self._installs: list[Install] = []
-        self._reading: set[str] = set()  # sampler adapters being read or waiting to install
         self._cancelled: set[str] = set()  # running samples to drop at the next sample step
         self._jobs: list[Job] = []  # IO jobs to submit once the lock is released
         self.lost: WorkerLostError | None = None  # the worker died: hand everything over
@@ -290,7 +285,8 @@ class Scheduler:
             return plan
         with self._lock:
             if self._generation == generation:
-                self._wakeup.wait(min(timeout, self._hold_s) if self._hold_s else timeout)
+                hold_s = self._choice.hold_s
+                self._wakeup.wait(min(timeout, hold_s) if hold_s else timeout)
         return self.plan()
 
     def wake(self) -> None:
@@ -331,7 +327,7 @@ class Scheduler:
         plan: Plan | None = (self._release_plan() or self._install_plan()
                              or self._expire_plan(now))
         if plan is None:
-            work_class = self._pick_class()
+            work_class = self._choice.pick(self._has_training(), self._sample_ready())
             if work_class == "train":
                 plan = self._build_training(now)
             elif work_class == "sample":
@@ -340,22 +336,6 @@ class Scheduler:
             return None
         start = PlanStart(now, self.metrics.idle_since(now), time.perf_counter() - began)
         return replace(plan, start=start)
-
-    def _pick_class(self) -> WorkClass | None:
-        """Training or sampling next (policy 3); None while training is held for the samples
-        a sampling step just finished (`SampleAnticipation`), whose clients may come back."""
-        train, sample = self._has_training(), self._sample_ready()
-        self._hold_s = 0.0
-        if train and not sample and self._share.next_if_both() == "sample":
-            self._hold_s = self._anticipation.remaining(time.monotonic())
-            if self._hold_s > 0:
-                self._anticipation.hold()
-                return None
-        if train or sample:
-            held = self._anticipation.end(time.monotonic())
-            if held:
-                self._share.charge("sample", held)
-        return self._share.pick(train, sample)
 
     def _start_io(self, now: float) -> None:
         """Start the saves and loads at models' heads, and the checkpoint reads that waiting
@@ -366,24 +346,16 @@ class Scheduler:
                 queue.start([head], now)
                 self._jobs.append(partial(self._done.run_io_op, head, now))
         for item in self._samples.waiting_items():
-            work = sample_op(item).work
-            if (self._needs_read(item) and work.adapter_id is not None
-                    and work.adapter_dir is not None):
-                self._reading.add(work.adapter_id)
+            op = sample_op(item)
+            work = op.work
+            if self.residency.needs_read(op):
+                assert work.adapter_id is not None and work.adapter_dir is not None
+                self.residency.start_reading(work.adapter_id)
                 self._jobs.append(partial(self._done.read_sampler_adapter, work.adapter_id,
                                           work.adapter_dir))
 
-    def _needs_read(self, item: WorkItem) -> bool:
-        op = sample_op(item)
-        adapter_id = op.work.adapter_id
-        return (op.source == "checkpoint" and adapter_id is not None
-                and op.work.adapter_dir is not None and adapter_id not in self._reading
-                and not self.residency.is_installed(adapter_id))
-
     def _is_ready(self, item: WorkItem) -> bool:
-        """A waiting sample may be admitted: its adapter is resident (or needs no reading)."""
-        adapter_id = sample_op(item).work.adapter_id
-        return adapter_id not in self._reading and not self._needs_read(item)
+        return self.residency.is_ready(sample_op(item))
 
     def _sample_ready(self) -> bool:
         return self._samples.num_running() > 0 or any(
@@ -481,13 +453,7 @@ class Scheduler:
         usage = [self._done.deliver(f) for f in finished]
         self.usage.add(usage)
         with self._lock:
-            work_class = work_class_of(plan)
-            if work_class is not None:
-                self._share.charge(work_class, outcome.engine_s)
-            if isinstance(plan, CyclePlan):
-                self._anticipation.cycle_done(outcome.engine_s)
-            elif isinstance(plan, SamplePlan) and outcome.outcomes:
-                self._anticipation.samples_finished(time.monotonic())
+            self._choice.plan_done(plan, outcome.engine_s, bool(outcome.outcomes))
             num_running = self._samples.num_running()
         if isinstance(plan, InstallPlan):
             self._done.installed_sampler_adapters(plan, outcome)
@@ -525,7 +491,7 @@ class Scheduler:
             read = [i.item for i in self._installs if i.item is not None]  # loads read
             self._installs = []
             items = [(it, self._queues[it.model_id].base_model if it.model_id else None)
-                     for it in (*_items_of(self._lost_plan), *self._lost_io, *read)]
+                     for it in (*started_items(self._lost_plan), *self._lost_io, *read)]
             runs = []
             for model_id, queue in self._queues.items():
                 waiting = queue.take_waiting()
@@ -590,7 +556,7 @@ class Scheduler:
         return True
 
     def done_reading(self, adapter_id: str) -> None:
-        self._reading.discard(adapter_id)
+        self.residency.done_reading(adapter_id)
         self.notify_locked()
 
     def op_done(self, tenant: str) -> None:
@@ -602,19 +568,3 @@ class Scheduler:
         self._generation += 1
         self._wakeup.notify_all()
 
-
-def _items_of(plan: Plan | None) -> list[WorkItem]:
-    """The items a plan had started (the sample plan's running requests are taken apart)."""
-    match plan:
-        case None | ReleasePlan():
-            return []
-        case CyclePlan() | ExpirePlan():
-            return list(plan.items)
-        case ControlPlan():
-            return [plan.item]
-        case InstallPlan():
-            return [i.item for i in plan.installs if i.item is not None]
-        case SamplePlan():
-            return []  # admitted samples are in the sampling queue's running set
-        case _:
-            assert_never(plan)
