@@ -72,7 +72,9 @@ class RayHead:
             if self.address:
                 self._join_cluster()
             else:
-                ray.init(include_dashboard=False, log_to_driver=False, **self._bind())
+                # "local": a runtime of its own, never one `ray start` left on this host
+                ray.init(address="local", include_dashboard=False, log_to_driver=False,
+                         **self._bind())
         host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
         self._gcs = (host.strip("[]"), int(port))
         with self._cond:

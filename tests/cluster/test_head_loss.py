@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -73,7 +75,10 @@ RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 """Ray's token authentication, on in every runtime these tests start or join."""
 
 
-def _serve(tmp_path: Path, tiny_model_dir: Path, *cluster: str):  # type: ignore[no-untyped-def]
+@contextmanager
+def _serve(tmp_path: Path, tiny_model_dir: Path, *cluster: str
+           ) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """``loraplex serve`` on the tiny built-in with Ray (``cluster``: its Ray flags)."""
     data = tmp_path / "data"
     seed_builtin_tiny(data, tiny_model_dir)
     port, log_path = free_port(), tmp_path / "serve.log"
@@ -105,7 +110,24 @@ def _end(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 
 @pytest.fixture
 def ray_serve(tmp_path: Path, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
-    yield from _serve(tmp_path, tiny_model_dir, "--workers", "1")
+    """A server with a runtime of its own, beside a dead `ray start` head (which Ray's default
+    address would join)."""
+    decoy_port = free_port()
+    decoy = _head(decoy_port, tmp_path / "decoy.log")
+    _wait_port(decoy_port)
+    _end(decoy, signal.SIGKILL)
+    with _serve(tmp_path, tiny_model_dir, "--workers", "1") as served:
+        yield served
+
+
+def _trained_and_saved(url: str):  # type: ignore[no-untyped-def]
+    """A run one step in, saved; and its logprobs on DATA."""
+    tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
+        base_model=MODEL, rank=4).result()
+    tc.forward_backward(DATA, "cross_entropy")
+    tc.optim_step(ADAM).result()
+    tc.save_state("before-head-loss").result()
+    return tc, logprobs(tc.forward(DATA, "cross_entropy").result())
 
 
 def test_the_ray_head_dies_and_the_server_recovers(ray_serve) -> None:  # type: ignore[no-untyped-def]
@@ -114,12 +136,7 @@ def test_the_ray_head_dies_and_the_server_recovers(ray_serve) -> None:  # type: 
     listening = _listeners(children)
     assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, listening
 
-    tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
-        base_model=MODEL, rank=4).result()
-    tc.forward_backward(DATA, "cross_entropy")
-    tc.optim_step(ADAM).result()
-    tc.save_state("before-head-loss").result()
-    saved = logprobs(tc.forward(DATA, "cross_entropy").result())
+    tc, saved = _trained_and_saved(url)
 
     gcs = [p for p in children if p.name() == "gcs_server"]
     assert len(gcs) == 1, [p.name() for p in children]
@@ -174,16 +191,9 @@ def test_a_joined_clusters_head_dies_and_comes_back(tmp_path: Path,
     head = _head(port, tmp_path / "head.log")
     try:
         _wait_port(port)
-        serve = _serve(tmp_path, tiny_model_dir, "--ray-address", f"127.0.0.1:{port}",
-                       "--workers", "1")
-        url, proc, log_path = next(serve)
-        try:
-            tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
-                base_model=MODEL, rank=4).result()
-            tc.forward_backward(DATA, "cross_entropy")
-            tc.optim_step(ADAM).result()
-            tc.save_state("before-head-loss").result()
-            saved = logprobs(tc.forward(DATA, "cross_entropy").result())
+        with _serve(tmp_path, tiny_model_dir, "--ray-address", f"127.0.0.1:{port}",
+                    "--workers", "1") as (url, proc, log_path):
+            tc, saved = _trained_and_saved(url)
             _end(head, signal.SIGKILL)
             _wait_health(url, proc, "degraded", 30)
             time.sleep(5.0)
@@ -195,7 +205,5 @@ def test_a_joined_clusters_head_dies_and_comes_back(tmp_path: Path,
             assert all(np.array_equal(a, b) for a, b in zip(after, saved, strict=True))
             log = log_path.read_text(errors="replace")
             assert f"rejoining 127.0.0.1:{port}" in log and "connected again" in log, log
-        finally:
-            next(serve, None)
     finally:
         _end(head, signal.SIGKILL)
