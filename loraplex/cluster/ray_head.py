@@ -84,8 +84,12 @@ class RayHead:
         log.info("ray: head at %s:%d, %s", *self._gcs, ray.cluster_resources())
 
     def _join_cluster(self) -> None:
+        """Join ``address``; one on loopback on loopback (Ray would swap in this node's IP)."""
+        assert self.address
+        host = self.address.rpartition(":")[0].strip("[]")
         try:
-            ray.init(address=self.address, log_to_driver=False, **self._join())
+            ray.init(address=self.address, log_to_driver=False,
+                     **(self._loopback() if host in LOOPBACK else {}))
         except ConnectionError as err:
             if "RAY_AUTH_MODE" in os.environ:
                 raise
@@ -93,12 +97,6 @@ class RayHead:
                                   "one, and Ray sends none to an explicit address: set "
                                   "RAY_AUTH_MODE=token (the token is read from RAY_AUTH_TOKEN, "
                                   "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)") from err
-
-    def _join(self) -> dict[str, Any]:
-        """A head on loopback is joined on loopback (Ray would swap in this node's address)."""
-        assert self.address
-        host = self.address.rpartition(":")[0].strip("[]")
-        return self._loopback() if host in LOOPBACK else {}
 
     def _loopback(self) -> dict[str, Any]:
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray's child processes

@@ -38,8 +38,8 @@ def _check_checkpoints(service: tinker.ServiceClient, model_id: str,
 
 
 def _save(tc: tinker.TrainingClient, name: str, acked: dict[str, list[list[float]]]) -> None:
-    state = logprobs(tc)
     try:
+        state = logprobs(tc)
         acked[tc.save_state(name).result(timeout=120).path] = state
     except tinker.RequestFailedError as exc:  # the worker died under it: retryable, not acked
         assert exc.category == tinker.types.RequestErrorCategory.Server, exc
