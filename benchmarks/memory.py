@@ -132,7 +132,7 @@ def train(server: ServerProcess, model: str, num_tokens: int, steps: int = 1,
         tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
         times.append(time.perf_counter() - start)
     with contextlib.suppress(Exception):  # its heartbeats would outlive the server
-        service.close("success").result(timeout=30)
+        service.close("success").result(timeout=90)
     return times
 
 

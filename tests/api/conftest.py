@@ -97,4 +97,4 @@ def service_client(server: Server, new_key: Callable[[], str]
     yield make
     for client in made:
         with contextlib.suppress(Exception):  # a test may have finished the session itself
-            client.close("success").result(timeout=30)
+            client.close("success").result(timeout=90)

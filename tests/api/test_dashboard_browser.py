@@ -92,7 +92,7 @@ def tenants(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
         operator = ctx.stores.keys.create("dash-operator", operator=True)
         yield Tenants(server, operator, [a.model_id, a2.model_id], b.model_id, a)
         for client in clients:
-            client.close("success").result(timeout=30)
+            client.close("success").result(timeout=90)
     ctx.stores.close()
 
 

@@ -70,7 +70,7 @@ def test_the_sdk_trains_and_samples_with_jwts(jwt_server: str) -> None:
     runs = httpx.get(f"{jwt_server}/api/v1/training_runs", headers={"X-API-Key": key},
                      trust_env=False, timeout=30).json()
     assert tc.model_id in str(runs), "the JWT's tenant is the key's"
-    client.close("success").result(timeout=30)
+    client.close("success").result(timeout=90)
 
 
 def test_the_sdk_replays_once_after_an_invalid_token(jwt_server: str) -> None:
@@ -81,7 +81,7 @@ def test_the_sdk_replays_once_after_an_invalid_token(jwt_server: str) -> None:
     tc = client.create_lora_training_client(base_model=DEFAULT_MODEL_NAME, rank=4).result()
     assert tc.forward_backward([DATUM], "cross_entropy").result().metrics
     assert jwt.decode(auth._token, ISSUER_KEY, algorithms=["HS256"])["sub"] != "intruder"
-    client.close("success").result(timeout=30)
+    client.close("success").result(timeout=90)
 
 
 def test_tokens_interoperate_with_pyjwt_and_bad_ones_are_refused(jwt_server: str) -> None:

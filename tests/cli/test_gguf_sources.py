@@ -59,7 +59,7 @@ def test_a_gguf_file_is_served_to_the_sdk_for_sampling_and_training(tmp_path: Pa
                 losses.append(fb.result().metrics["loss:sum"])
             assert losses[-1] < losses[0]
             with contextlib.suppress(Exception):
-                client.close("success").result(timeout=30)
+                client.close("success").result(timeout=90)
     finally:
         ctx.stores.close()
     assert not list(data_dir.glob("models/gguf-*/*.safetensors")), "weights read from the file"

@@ -46,7 +46,7 @@ def session(fuzz_server: str) -> Iterator[tuple[tinker.ServiceClient, str]]:
     key = f"tml-fuzz-{uuid.uuid4().hex[:10]}"
     client = tinker.ServiceClient(base_url=fuzz_server, api_key=key)
     yield client, key
-    client.close("success").result(timeout=30)
+    client.close("success").result(timeout=90)
 
 
 def body(session_id: str, nodes: list[dict[str, Any]], seq: int = 0) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def test_hostile_losses_beside_a_training_tenant_leave_it_bitwise_unaffected(
             assert post(fuzz_server, key, body(sid, nodes)).status_code == 400, label
     window = (started, time.monotonic())
     trace = trainer.stop()
-    client.close("success").result(timeout=30)
+    client.close("success").result(timeout=90)
     assert "elements" in outcomes["outer_product"], outcomes
     assert "elements" in outcomes["concat_bomb"] or "refused" in outcomes["concat_bomb"]
     assert outcomes["big_int"].startswith("refused"), outcomes

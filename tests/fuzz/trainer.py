@@ -138,7 +138,7 @@ class ConcurrentTrainer:
         finally:
             self._ready.set()
             with contextlib.suppress(Exception):  # the session may be gone with the server
-                client.close("success").result(timeout=30)
+                client.close("success").result(timeout=90)
 
 
 def replay(url: str, num_steps: int) -> TrainingTrace:
@@ -150,7 +150,7 @@ def replay(url: str, num_steps: int) -> TrainingTrace:
         tc.save_state(CHECKPOINT_NAME).result(timeout=120)
         return TrainingTrace([_step(tc) for _ in range(num_steps)])
     finally:
-        client.close("success").result(timeout=30)
+        client.close("success").result(timeout=90)
 
 
 def assert_unaffected(trainer: ConcurrentTrainer, trace: TrainingTrace, reference: TrainingTrace,

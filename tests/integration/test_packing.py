@@ -55,7 +55,7 @@ def tenant_loop(url: str, key: str, errors: list[BaseException]) -> None:
         out = sampler.sample(types.ModelInput.from_ints([2, 3, 4]), 2,
                              types.SamplingParams(max_tokens=3, seed=1)).result()
         assert len(out.sequences) == 2
-        client.close("success").result(timeout=30)
+        client.close("success").result(timeout=90)
     except BaseException as exc:  # reported by the main thread
         errors.append(exc)
 

@@ -73,7 +73,7 @@ def test_smollm2_is_fetched_served_sampled_and_trained(tmp_path: Path, smollm2_d
             loss = result.metrics["loss:sum"]
             assert math.isfinite(loss) and 0 < loss < 3.0 * len(target), loss
             with contextlib.suppress(Exception):
-                client.close("success").result(timeout=30)
+                client.close("success").result(timeout=90)
     finally:
         ctx.stores.close()
 
