@@ -1,9 +1,9 @@
 """Load benchmark: many official-SDK clients against one `loraplex serve` (builtin:tiny), then one
-flooding tenant beside a few normal ones: errors, latency per op kind, server RSS over time,
-and the normal tenants' slowdown under the flood.
+flooding tenant beside a few normal ones, then OpenAI-API clients beside them: errors, latency
+per op kind, server RSS over time, and the normal tenants' slowdown under each load.
 
     python -m benchmarks.load [--soak-s 120] [--clients 32] [--flood-s 60] [--out DIR]
-    python -m benchmarks.load --smoke --out /tmp/load      # end to end in ~35 s (2 cores)
+    python -m benchmarks.load --smoke --out /tmp/load      # end to end in ~40 s (2 cores)
 
 1. **Soak**: ``clients`` SDK clients, each its own ``tml-`` key and session; even ones train
    (forward_backward + optim_step pipelined, every 5th iteration an ephemeral sampler save +
@@ -26,6 +26,11 @@ and the normal tenants' slowdown under the flood.
    the in-flight limit, every 429 resubmitted at once: why that is the worst case is in its
    docstring) for ``flood_s``, its queue drained, baseline window B. Goal: normal tenants'
    step p50 during the flood ≤ 2 × their baseline p50 (A and B pooled).
+4. **OpenAI**: the same normal tenants go on while ``openai_clients`` official ``openai``
+   clients (`load_openai.py`: a quarter each of completions, streamed completions, chat and
+   streamed chat, closed loops, their own keys) sample the base model for ``openai_s``; they
+   leave, baseline window C. Goals: no errors, normal tenants' step p50 ≤ 2 × their baseline
+   (B and C pooled), server RSS after C ≤ 1.1 × RSS just before the clients came.
 
 The server's RSS (``VmRSS`` of its process tree) is sampled every ``rss_interval_s``. Load
 average and the GEMM probe (`probe.py`) are recorded at start and end. Writes
@@ -58,12 +63,13 @@ from benchmarks.load_phases import (
     Timeline,
     expiry_phase,
     flood_phase,
+    openai_phase,
     soak_phase,
 )
 from benchmarks.load_server import RssSampler, load_server
 from benchmarks.load_settings import SDK_HEARTBEAT_S, SMOKE, Settings
-from benchmarks.load_summary import error_summary, goals, per_kind, rss_summary
-from benchmarks.load_workers import CLIENT_SCRIPT, FLOOD_SCRIPT, Workers
+from benchmarks.load_summary import error_summary, goals, per_kind, rss_around, rss_summary
+from benchmarks.load_workers import CLIENT_SCRIPT, FLOOD_SCRIPT, OPENAI_SCRIPT, Workers
 
 
 def git_state() -> dict[str, Any]:
@@ -96,16 +102,18 @@ def run(settings: Settings, scratch: Path) -> dict[str, Any]:
             # The flood phase's processes import the SDK while the server sits idle.
             workers.spawn("steady", CLIENT_SCRIPT)
             workers.spawn("flood", FLOOD_SCRIPT)
+            workers.spawn("openai", OPENAI_SCRIPT)
             expiry = expiry_phase(settings, workers, recorder, timeline, soak)
-            workers.wait_all(["steady", "flood"], "started", SETUP_TIMEOUT_S)
+            workers.wait_all(["steady", "flood", "openai"], "started", SETUP_TIMEOUT_S)
             stats_expired = server.stats()
             flood = flood_phase(settings, server, workers, recorder, timeline, run_id)
+            openai = openai_phase(settings, server, workers, recorder, timeline, run_id)
             samples = rss.stop()
     finally:
         workers.close()
     return {"origin": origin, "startup_s": origin - started, "recorder": recorder,
             "timeline": timeline.phases, "soak": soak, "expiry": expiry, "flood": flood,
-            "rss_samples": samples,
+            "openai": openai, "rss_samples": samples,
             "stats_after_expiry": {k: stats_expired.get(k) for k in
                                    ("engine_calls", "pending_futures", "queued_ops")}}
 
@@ -145,6 +153,15 @@ def rss_section(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
             "waited_for_fetched_grace_s": expiry["fetched_grace_s"]}
 
 
+def openai_section(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI phase's summary and the server's RSS around it (before: the end of
+    baseline B; after: the end of baseline C, the clients gone)."""
+    spans = {p["name"]: (p["start"], p["end"]) for p in measured["timeline"]}
+    rss = rss_around(measured["rss_samples"], load_start=spans["openai"][0],
+                     after_end=spans["baseline_c"][1], span_s=settings.settle_s)
+    return {**measured["openai"], "rss": rss}
+
+
 def raw_section(measured: dict[str, Any]) -> dict[str, Any]:
     """Every op, RSS sample and flooder progress report, seconds since the server was up."""
     origin, recorder = measured["origin"], measured["recorder"]
@@ -165,9 +182,10 @@ def assemble(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
     the server was up)."""
     soak, rss, flood = (soak_section(settings, measured), rss_section(settings, measured),
                         measured["flood"])
-    flooder = flood["flooder"]
+    flooder, openai = flood["flooder"], openai_section(settings, measured)
     num_errors = (soak["errors"]["count"] + flood["normal_errors"]["count"]
-                  + flooder["failed"] + sum(flooder["other_http"].values()))
+                  + flooder["failed"] + sum(flooder["other_http"].values())
+                  + openai["normal_errors"]["count"] + openai["client_errors"]["count"])
     return {
         "settings": asdict(settings), "startup_s": measured["startup_s"],
         "server_env": settings.server().environment(),
@@ -177,8 +195,9 @@ def assemble(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
                     "machine_busy_share": p["machine_busy_share"]}
                    for p in measured["timeline"]],
         "soak": soak, "rss": rss, "stats_after_expiry": measured["stats_after_expiry"],
-        "flood": flood, "num_errors": num_errors,
-        "goals": goals(num_errors, rss, flood["normal"]["ratio"],
+        "flood": flood, "openai": openai, "num_errors": num_errors,
+        "goals": goals(num_errors, rss, flood["normal"]["ratio"], openai["normal"]["ratio"],
+                       openai["rss"]["after_over_before"],
                        rss_tolerance=settings.rss_tolerance, ratio_limit=settings.ratio_limit),
         "raw": raw_section(measured),
     }
@@ -197,6 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="baseline windows together, half before and half after the flood "
                         "(default: --flood-s)")
     p.add_argument("--flood-concurrency", type=int, help="flooder submitters (64)")
+    p.add_argument("--openai-clients", type=int, help="OpenAI-API clients (default 16)")
+    p.add_argument("--openai-s", type=float, help="OpenAI window (default 60)")
     p.add_argument("--flood-retry-s", type=float,
                    help="flooder's pause before resubmitting a 429 (default 0)")
     p.add_argument("--session-idle-s", type=float, help="server session idle timeout (30)")
@@ -223,7 +244,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
               "flood_s": args.flood_s, "baseline_s": args.baseline_s,
               "flood_concurrency": args.flood_concurrency,
               "flood_retry_s": args.flood_retry_s, "session_idle_s": args.session_idle_s,
-              "housekeeping_s": args.housekeeping_s}
+              "housekeeping_s": args.housekeeping_s, "openai_clients": args.openai_clients,
+              "openai_s": args.openai_s}
     settings = replace(settings, **{k: v for k, v in fields.items() if v is not None})
     if args.no_fetched_grace:
         settings = replace(settings, wait_fetched_grace=False)

@@ -20,7 +20,12 @@ from tqdm import tqdm
 from benchmarks.load_client import ClientSpec, Workload
 from benchmarks.load_server import MODEL_NAME, LoadServer
 from benchmarks.load_settings import SDK_HEARTBEAT_S, Settings
-from benchmarks.load_summary import error_summary, flood_windows
+from benchmarks.load_summary import (
+    error_summary,
+    latency_stats,
+    per_kind,
+    step_windows,
+)
 from benchmarks.load_workers import Event, Workers
 from benchmarks.multiplex_pool import machine_cpu_s, process_cpu_s
 from loraplex.scheduler.futures import FETCHED_GRACE_S
@@ -214,7 +219,8 @@ def flood_setup(settings: Settings, server: LoadServer, workers: Workers, run_id
 def flood_phase(settings: Settings, server: LoadServer, workers: Workers, recorder: Recorder,
                 timeline: Timeline, run_id: str) -> dict[str, Any]:
     """Normal tenants throughout: baseline A, flood, drain (the flooder stopped, its queue
-    emptying), baseline B; server counters read around the flood and its drain."""
+    emptying), baseline B; server counters read around the flood and its drain. The normal
+    tenants are left running (`openai_phase` stops them)."""
     keys = flood_setup(settings, server, workers, run_id)
     recorder.phase = "flood_phase"
     timeline.begin("baseline_a")
@@ -236,10 +242,7 @@ def flood_phase(settings: Settings, server: LoadServer, workers: Workers, record
     after = tenant_counters(server, keys)
     timeline.begin("baseline_b")
     run_for(workers, recorder, settings.baseline_half_s, "baseline B")
-    timeline.end()
-    workers.may_exit("steady")
-    workers.send("steady", {"stop": True})
-    workers.wait_all(["steady"], "stopped", SETUP_TIMEOUT_S)
+    timeline.end()  # the normal tenants go on into the OpenAI phase
     windows = {p["name"]: (p["start"], p["end"]) for p in timeline.phases
                if p["name"] in ("baseline_a", "flood", "baseline_b")}
     return flood_summary(recorder.phase_ops("flood_phase"), windows, drained, before, after,
@@ -256,7 +259,7 @@ def flood_summary(normal_ops: list[dict[str, Any]], windows: dict[str, tuple[flo
     engine = {name: after[name]["engine_s"] - before[name]["engine_s"] for name in after}
     busy = sum(engine.values())
     return {
-        "normal": flood_windows(steps, windows),
+        "normal": step_windows(steps, windows, "flood", ("baseline_a", "baseline_b")),
         "normal_errors": error_summary(normal_ops),
         "flooder": {**{k: v for k, v in drained.items() if k not in ("t", "t_stop")},
                     "flood_s": drained["t_stop"] - windows["flood"][0],
@@ -267,3 +270,45 @@ def flood_summary(normal_ops: list[dict[str, Any]], windows: dict[str, tuple[flo
         "engine_s_flood_and_drain": engine,
         "engine_share_flood_and_drain": {k: v / busy for k, v in engine.items()} if busy else {},
     }
+
+
+def openai_phase(settings: Settings, server: LoadServer, workers: Workers, recorder: Recorder,
+                 timeline: Timeline, run_id: str) -> dict[str, Any]:
+    """The flood phase's normal tenants go on: ``openai_clients`` OpenAI-API clients
+    (`load_openai.py`) for ``openai_s``, stopped, then baseline C; then the normal tenants
+    stop. Their steps in the OpenAI window against baselines B (just before) and C."""
+    keys = [f"tml-load-{run_id}-openai-{i:02d}" for i in range(settings.openai_clients)]
+    workers.send("openai", {"setup": {"base_url": server.url, "model": MODEL_NAME,
+                                      "keys": keys, "max_tokens": settings.openai_max_tokens,
+                                      "nice": settings.flood_nice}})
+    workers.wait_all(["openai"], "ready", SETUP_TIMEOUT_S)
+    recorder.phase = "openai_phase"
+    timeline.begin("openai")
+    workers.send("openai", {"go": True})
+    run_for(workers, recorder, settings.openai_s, "OpenAI clients")
+    timeline.end()
+    timeline.begin("openai_stop")
+    workers.may_exit("openai")
+    workers.send("openai", {"stop": True})
+    workers.wait_all(["openai"], "stopped", SETUP_TIMEOUT_S)
+    timeline.end()
+    timeline.begin("baseline_c")
+    run_for(workers, recorder, settings.baseline_half_s, "baseline C")
+    timeline.end()
+    workers.may_exit("steady")
+    workers.send("steady", {"stop": True})
+    workers.wait_all(["steady"], "stopped", SETUP_TIMEOUT_S)
+    windows = {p["name"]: (p["start"], p["end"]) for p in timeline.phases
+               if p["name"] in ("baseline_b", "openai", "baseline_c")}
+    steady = [op for op in recorder.ops if op["c"].startswith("normal-")]
+    users = [op for op in recorder.phase_ops("openai_phase") if op["c"].startswith("openai-")]
+    steps = [op for op in steady if op["ok"] and op["k"] == "train_step"]
+    return {"normal": step_windows(steps, windows, "openai", ("baseline_b", "baseline_c")),
+            "normal_errors": error_summary(
+                [op for op in steady if op["phase"] == "openai_phase"]),
+            "clients": per_kind(users), "client_errors": error_summary(users),
+            "ttft": {k: latency_stats([op["ttft"] for op in users if op["k"] == k and op["ok"]
+                                       and op.get("ttft") is not None])
+                     for k in ("completion_stream", "chat_stream")},
+            "tokens": sum(op.get("tokens", 0) for op in users if op["ok"]),
+            "requests_per_s": sum(op["ok"] for op in users) / settings.openai_s}

@@ -1,6 +1,6 @@
 """JSON, markdown and PNG for `benchmarks/load.py`'s result dict: the goals with their verdicts,
-per-op-kind latency, RSS levels, the flood windows, the phases; a two-panel plot (server RSS
-over time with the phases shaded; every op's latency over time).
+per-op-kind latency, RSS levels, the flood and OpenAI windows, the phases; a two-panel plot (server
+RSS over time with the phases shaded; every op's latency over time).
 
 Reads only the result dict; measures nothing.
 """
@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 PHASE_COLORS = {"soak": "C0", "stopping": "C7", "expiry": "C2", "baseline_a": "C8",
-                "flood": "C3", "drain": "C1", "baseline_b": "C8"}
+                "flood": "C3", "drain": "C1", "baseline_b": "C8", "openai": "C4",
+                "openai_stop": "C7", "baseline_c": "C8"}
 
 
 def write_report(result: dict[str, Any], json_path: Path, md_path: Path, png_path: Path
@@ -47,10 +48,12 @@ def _x(value: float | None, digits: int = 2) -> str:
 
 def goals_table(result: dict[str, Any]) -> list[str]:
     g, rss, normal = result["goals"], result["rss"], result["flood"]["normal"]
+    oai, oai_rss = result["openai"]["normal"], result["openai"]["rss"]
     verdict = {True: "**PASS**", False: "**FAIL**"}
     return [
         "| goal | value | target | verdict |", "|---|---|---|---|",
-        f"| errors (soak ops, normal tenants' ops, flooder's failed or non-429 requests) | "
+        f"| errors (soak ops, normal tenants' ops, flooder's failed or non-429 requests, "
+        f"OpenAI clients' requests) | "
         f"{g['errors']['value']} | 0 | {verdict[g['errors']['pass']]} |",
         f"| server RSS back after the clients finished and their sessions expired | "
         f"{_x(g['rss_back']['value'], 3)} (final {_ms(rss['final_mib'])} MiB ÷ post-warm-up "
@@ -58,7 +61,15 @@ def goals_table(result: dict[str, Any]) -> list[str]:
         f"{verdict[g['rss_back']['pass']]} |",
         f"| normal tenants' step p50 under flood ÷ baseline | {_x(g['flood_ratio']['value'])} "
         f"({_ms(normal['flood']['p50_ms'])} ÷ {_ms(normal['baseline']['p50_ms'])} ms) | "
-        f"{g['flood_ratio']['goal']} | {verdict[g['flood_ratio']['pass']]} |"]
+        f"{g['flood_ratio']['goal']} | {verdict[g['flood_ratio']['pass']]} |",
+        f"| normal tenants' step p50 beside the OpenAI clients ÷ baseline | "
+        f"{_x(g['openai_ratio']['value'])} ({_ms(oai['openai']['p50_ms'])} ÷ "
+        f"{_ms(oai['baseline']['p50_ms'])} ms) | {g['openai_ratio']['goal']} | "
+        f"{verdict[g['openai_ratio']['pass']]} |",
+        f"| server RSS after the OpenAI clients left ÷ just before they came | "
+        f"{_x(g['openai_rss_back']['value'], 3)} ({_ms(oai_rss['after_mib'])} ÷ "
+        f"{_ms(oai_rss['before_mib'])} MiB; peak {_ms(oai_rss['peak_mib'])}) | "
+        f"{g['openai_rss_back']['goal']} | {verdict[g['openai_rss_back']['pass']]} |"]
 
 
 def ops_table(ops: dict[str, dict[str, Any]]) -> list[str]:
@@ -106,6 +117,30 @@ def flood_lines(result: dict[str, Any]) -> list[str]:
     return lines + errors_lines("Normal tenants' errors", flood["normal_errors"])
 
 
+def openai_lines(result: dict[str, Any]) -> list[str]:
+    o, s = result["openai"], result["settings"]
+    labels = {"baseline_b": "baseline B (before the clients)", "openai": "OpenAI clients",
+              "baseline_c": "baseline C (after they left)", "baseline": "baseline (B + C)"}
+    lines = ["| window | steps | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
+    for name, label in labels.items():
+        w = o["normal"][name]
+        lines.append(f"| {label} | {w['n']} | {_ms(w['p50_ms'])} | {_ms(w['p99_ms'])} | "
+                     f"{_ms(w['max_ms'])} |")
+    ttft = o["ttft"]
+    lines += [
+        "", f"Ratio p50 beside the clients ÷ baseline **{_x(o['normal']['ratio'])}** (÷ B "
+        f"alone {_x(o['normal']['ratio_b'])}, ÷ C alone {_x(o['normal']['ratio_c'])}).", "",
+        f"{s['openai_clients']} clients (official `openai` package, one key and thread each, "
+        f"closed loops, nice +{s['flood_nice']}, up to {s['openai_max_tokens']} new tokens "
+        f"and n ≤ 2 per request): {o['requests_per_s']:.1f} requests/s, {o['tokens']} tokens. "
+        f"Time to the first content chunk, p50: completions "
+        f"{_ms(ttft['completion_stream']['p50_ms'])} ms, chat "
+        f"{_ms(ttft['chat_stream']['p50_ms'])} ms. Latency is to the whole answer (a "
+        "stream's last chunk):", "", *ops_table(o["clients"]), ""]
+    return (lines + errors_lines("OpenAI clients' errors", o["client_errors"]) + [""]
+            + errors_lines("Normal tenants' errors", o["normal_errors"]))
+
+
 def markdown(result: dict[str, Any], png_name: str) -> str:
     s, soak, rss = result["settings"], result["soak"], result["rss"]
     p0, p1 = result["probe_start"], result["probe_end"]
@@ -113,7 +148,8 @@ def markdown(result: dict[str, Any], png_name: str) -> str:
     cmd = "python -m benchmarks.load" + (" --smoke" if result["smoke"] else "")
     lines = [
         f"# Load: {s['clients']} SDK clients × {s['soak_s']:g} s, then one flooding tenant "
-        f"beside {s['steady_tenants']} normal ones", "",
+        f"beside {s['steady_tenants']} normal ones, then {s['openai_clients']} OpenAI-API "
+        "clients beside them", "",
         f"Measured {result['measured_at']} with `{cmd}` in {result['wall_s'] / 60:.1f} min on "
         f"{result['cores']} cores at commit {result['git']['commit']}"
         f"{' (loraplex/ had uncommitted changes)' if result['git']['loraplex_dirty'] else ''}. "
@@ -155,6 +191,9 @@ def markdown(result: dict[str, Any], png_name: str) -> str:
         "(abandoned sessions expired).", "",
         f"## Flood: {s['steady_tenants']} normal tenants and one flooder", "",
         *flood_lines(result), "",
+        f"## OpenAI API: {s['openai_clients']} clients beside the {s['steady_tenants']} "
+        "normal tenants", "",
+        *openai_lines(result), "",
         "## Phases", "", "| phase | start s | end s | server CPU share | machine busy share |",
         "|---|---|---|---|---|",
         *(f"| {p['name']} | {p['start_s']:.1f} | {p['end_s']:.1f} | "
@@ -208,7 +247,8 @@ def figure(result: dict[str, Any]) -> Any:
         bottom.scatter([r[0] for r in failed], [r[1] for r in failed], s=14, marker="x",
                        color="r", label="failed")
     bottom.set(yscale="log", xlabel="seconds since the server was up", ylabel="latency ms",
-               title="op latency (train_step: the flood phase's normal tenants)")
+               title="op latency (train_step: the normal tenants of the flood and OpenAI "
+                     "phases)")
     bottom.legend(fontsize=7, markerscale=3, ncol=2, loc="upper left")
     fig.tight_layout()
     return fig

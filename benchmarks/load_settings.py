@@ -37,6 +37,8 @@ class Settings:
         threads: the server's torch threads (1: stable under contention, perf-anchors §4).
         max_inflight_per_tenant: the server's per-tenant in-flight limit, where the flooder
             starts getting 429s (None: the server's default).
+        openai_clients, openai_s, openai_max_tokens: the OpenAI phase's clients
+            (`load_openai.py`), its window, and their requests' largest ``max_tokens``.
         rss_interval_s: RSS sampling period.
         rss_tolerance, ratio_limit: the goals.
         drain_timeout_s: longest wait for the flooder's queue to drain.
@@ -60,6 +62,9 @@ class Settings:
     wait_fetched_grace: bool = True
     threads: int | None = 1
     max_inflight_per_tenant: int | None = None
+    openai_clients: int = 16
+    openai_s: float = 60.0
+    openai_max_tokens: int = 16
     rss_interval_s: float = 0.5
     rss_tolerance: float = 0.10
     ratio_limit: float = 2.0
@@ -79,12 +84,14 @@ class Settings:
                               self.threads, self.max_inflight_per_tenant)
 
 
-#: A ~35 s end-to-end check: every phase and op kind, the flooder's 429s (a lower in-flight
-#: limit, so its queue also drains in a moment), sessions expiring (12 s idle timeout: the
-#: SDK heartbeats every 10 s, and no smoke session needs a heartbeat); no fetched-future grace.
+#: A ~40 s end-to-end check: every phase and op kind (one OpenAI client per mode), the flooder's
+#: 429s (a lower in-flight limit, so its queue also drains in a moment), sessions expiring (12 s
+#: idle timeout: the SDK heartbeats every 10 s, and no smoke session needs a heartbeat); no
+#: fetched-future grace.
 SMOKE = Settings(clients=4, soak_s=3.0, flood_s=3.0, baseline_s=2.0, flood_concurrency=16,
                  flood_retrievers=4, session_idle_s=12.0, future_ttl_s=10.0,
                  housekeeping_s=0.5, settle_s=1.0, wait_fetched_grace=False,
-                 max_inflight_per_tenant=32, workload=Workload(warmup_steps=1))
+                 max_inflight_per_tenant=32, openai_clients=4, openai_s=3.0,
+                 workload=Workload(warmup_steps=1))
 
 

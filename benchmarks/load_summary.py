@@ -64,32 +64,31 @@ def in_window(ops: list[dict[str, Any]], start: float, end: float, *, ended_insi
             and (not ended_inside or op["t1"] <= end)]
 
 
-def flood_windows(steps: list[dict[str, Any]], windows: dict[str, tuple[float, float]]
-                  ) -> dict[str, Any]:
-    """The normal tenants' step latency in each window and flood p50 ÷ baseline p50.
+def step_windows(steps: list[dict[str, Any]], windows: dict[str, tuple[float, float]],
+                 loaded: str, baselines: tuple[str, str]) -> dict[str, Any]:
+    """The normal tenants' step latency in each window and loaded p50 ÷ baseline p50.
 
-    A baseline window counts steps that started and finished inside it (none saw the flood);
-    the flood window counts every step that started during the flood, however long it took
-    (the slow ones are the point). ``baseline`` pools ``baseline_a`` and ``baseline_b``, one
-    before and one after the flood, so slow drift of the machine's load cancels.
+    A baseline window counts steps that started and finished inside it (none saw the load);
+    the ``loaded`` window counts every step that started in it, however long it took (the
+    slow ones are the point). ``baseline`` pools the two ``baselines``, one before and one
+    after the load, so slow drift of the machine's load cancels; ``ratio_<x>`` divides by
+    ``baseline_<x>`` alone.
 
     Args:
         steps: successful ``train_step`` records of the normal tenants.
-        windows: ``baseline_a``, ``flood``, ``baseline_b`` → (start, end) wall-clock.
+        windows: ``loaded`` and both ``baselines`` → (start, end) wall-clock.
     """
-    chosen = {name: in_window(steps, *span, ended_inside=name != "flood")
-              for name, span in windows.items()}
-    chosen["baseline"] = chosen["baseline_a"] + chosen["baseline_b"]
+    chosen = {name: in_window(steps, *windows[name], ended_inside=name != loaded)
+              for name in (baselines[0], loaded, baselines[1])}
+    chosen["baseline"] = chosen[baselines[0]] + chosen[baselines[1]]
     out: dict[str, Any] = {name: latency_stats([s["t1"] - s["t0"] for s in picked])
                            for name, picked in chosen.items()}
     for name, picked in chosen.items():
         out[name]["per_tenant_n"] = dict(Counter(s["c"] for s in picked))
-    base, flood = out["baseline"]["p50_ms"], out["flood"]["p50_ms"]
-    out["ratio"] = flood / base if base and flood else None
-    out["ratio_a"] = (flood / out["baseline_a"]["p50_ms"]
-                      if flood and out["baseline_a"]["p50_ms"] else None)
-    out["ratio_b"] = (flood / out["baseline_b"]["p50_ms"]
-                      if flood and out["baseline_b"]["p50_ms"] else None)
+    top = out[loaded]["p50_ms"]
+    for name in ("baseline", *baselines):
+        base = out[name]["p50_ms"]
+        out["ratio" + name.removeprefix("baseline")] = top / base if base and top else None
     return out
 
 
@@ -121,8 +120,21 @@ def rss_summary(samples: list[tuple[float, int]], *, warm_at: float, soak_end: f
     }
 
 
-def goals(num_errors: int, rss: dict[str, Any], flood_ratio: float | None, *,
-          rss_tolerance: float, ratio_limit: float) -> dict[str, dict[str, Any]]:
+def rss_around(samples: list[tuple[float, int]], *, load_start: float, after_end: float,
+               span_s: float) -> dict[str, Any]:
+    """RSS just before a load started (median over the ``span_s`` before ``load_start``), its
+    peak during the load, and after the load's clients left (over the ``span_s`` before
+    ``after_end``); after ÷ before is the goal's value."""
+    before = level(samples, load_start - span_s, span_s)
+    after = level(samples, after_end - span_s, span_s)
+    during = [rss for t, rss in samples if load_start <= t <= after_end]
+    return {"before_mib": before, "peak_mib": max(during) / MIB if during else None,
+            "after_mib": after, "after_over_before": after / before if after and before else None}
+
+
+def goals(num_errors: int, rss: dict[str, Any], flood_ratio: float | None,
+          openai_ratio: float | None, openai_rss: float | None, *, rss_tolerance: float,
+          ratio_limit: float) -> dict[str, dict[str, Any]]:
     """Each goal's value, target and verdict (a value that could not be measured fails)."""
     growth = rss["final_over_post_warmup"]
     return {
@@ -131,4 +143,9 @@ def goals(num_errors: int, rss: dict[str, Any], flood_ratio: float | None, *,
                      "pass": growth is not None and growth <= 1 + rss_tolerance},
         "flood_ratio": {"value": flood_ratio, "goal": f"≤ {ratio_limit:g}",
                         "pass": flood_ratio is not None and flood_ratio <= ratio_limit},
+        "openai_ratio": {"value": openai_ratio, "goal": f"≤ {ratio_limit:g}",
+                         "pass": openai_ratio is not None and openai_ratio <= ratio_limit},
+        "openai_rss_back": {"value": openai_rss,
+                            "goal": f"after ≤ {1 + rss_tolerance:.2f} × before",
+                            "pass": openai_rss is not None and openai_rss <= 1 + rss_tolerance},
     }

@@ -1,6 +1,6 @@
-"""The load benchmark's worker processes (`load_client.py`, `load_flood.py`): spawn them, send
-them JSON lines, read their events from one queue, and hand every event read to a sink, so a
-wait for one kind of event never drops another worker's ops.
+"""The load benchmark's worker processes (`load_client.py`, `load_flood.py`, `load_openai.py`):
+spawn them, send them JSON lines, read their events from one queue, and hand every event read to a
+sink, so a wait for one kind of event never drops another worker's ops.
 
 Knows the workers' line protocol (``started``, ``error``, their exit), not what they measure.
 Every event a wait is for comes once per worker, so a worker that sent it before the wait began
@@ -27,6 +27,7 @@ from benchmarks.multiplex_pool import process_cpu_s
 HERE = Path(__file__).resolve().parent
 CLIENT_SCRIPT = HERE / "load_client.py"
 FLOOD_SCRIPT = HERE / "load_flood.py"
+OPENAI_SCRIPT = HERE / "load_openai.py"
 
 
 @dataclass(frozen=True)

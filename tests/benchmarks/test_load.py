@@ -1,6 +1,6 @@
-"""The load benchmark's arithmetic (percentiles, error grouping, flood windows and ratio, RSS
-levels, goals, when abandoned sessions expire, who closes its session), its JSON layout, and
-the ``--smoke`` configuration end to end against a real `loraplex serve` (structure only: no
+"""The load benchmark's arithmetic (percentiles, error grouping, flood and OpenAI windows and
+ratios, RSS levels, goals, when abandoned sessions expire, who closes its session), its JSON layout,
+and the ``--smoke`` configuration end to end against a real `loraplex serve` (structure only: no
 performance numbers are asserted)."""
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from benchmarks.load_settings import SMOKE, Settings
 from benchmarks.load_summary import (
     MIB,
     error_summary,
-    flood_windows,
     goals,
     per_kind,
     percentile,
+    rss_around,
     rss_summary,
+    step_windows,
 )
 from loraplex.scheduler.futures import FETCHED_GRACE_S
 
@@ -75,11 +76,30 @@ def test_flood_window_keeps_slow_steps_and_baselines_keep_only_clean_ones() -> N
     steps += [op("train_step", t, 0.3) for t in range(10, 19)]
     steps.append(op("train_step", 19.5, 20.0))  # starts in the flood, ends late: kept
     steps += [op("train_step", t, 0.1, c="b") for t in range(30, 39)]
-    out = flood_windows(steps, windows)
+    out = step_windows(steps, windows, "flood", ("baseline_a", "baseline_b"))
     assert (out["baseline_a"]["n"], out["flood"]["n"], out["baseline_b"]["n"]) == (9, 10, 9)
     assert out["baseline"]["n"] == 18 and out["baseline"]["per_tenant_n"] == {"a": 9, "b": 9}
     assert out["ratio"] == pytest.approx(3.0)
-    assert flood_windows([], windows)["ratio"] is None
+    assert out["ratio_a"] == pytest.approx(3.0) and out["ratio_b"] == pytest.approx(3.0)
+    assert step_windows([], windows, "flood", ("baseline_a", "baseline_b"))["ratio"] is None
+
+
+def test_openai_windows_divide_by_baselines_b_and_c() -> None:
+    windows = {"baseline_b": (0.0, 10.0), "openai": (10.0, 20.0), "baseline_c": (25.0, 35.0)}
+    steps = ([op("train_step", t, 0.1) for t in range(0, 9)]
+             + [op("train_step", t, 0.15) for t in range(10, 20)]
+             + [op("train_step", t, 0.3) for t in range(25, 34)])
+    out = step_windows(steps, windows, "openai", ("baseline_b", "baseline_c"))
+    assert out["ratio_b"] == pytest.approx(1.5) and out["ratio_c"] == pytest.approx(0.5)
+    assert out["baseline"]["n"] == 18 and out["openai"]["n"] == 10
+
+
+def test_rss_around_a_load_compares_the_spans_before_and_after_it() -> None:
+    samples = [(float(t), (100 + (80 if 10 <= t < 15 else 0) + (5 if t >= 15 else 0)) * MIB)
+               for t in range(25)]
+    rss = rss_around(samples, load_start=10.0, after_end=24.0, span_s=3.0)
+    assert rss["before_mib"] == 100 and rss["after_mib"] == 105 and rss["peak_mib"] == 180
+    assert rss["after_over_before"] == pytest.approx(1.05)
 
 
 def test_rss_levels_are_medians_over_the_span() -> None:
@@ -96,10 +116,13 @@ def test_rss_levels_are_medians_over_the_span() -> None:
 
 def test_goals_fail_on_missing_values() -> None:
     rss = {"final_over_post_warmup": 1.05}
-    ok = goals(0, rss, 1.5, rss_tolerance=0.1, ratio_limit=2.0)
+    ok = goals(0, rss, 1.5, 1.9, 1.08, rss_tolerance=0.1, ratio_limit=2.0)
     assert all(g["pass"] for g in ok.values())
-    bad = goals(1, {"final_over_post_warmup": None}, None, rss_tolerance=0.1, ratio_limit=2.0)
+    bad = goals(1, {"final_over_post_warmup": None}, None, None, None, rss_tolerance=0.1,
+                ratio_limit=2.0)
     assert not any(g["pass"] for g in bad.values())
+    over = goals(0, rss, 1.5, 2.1, 1.2, rss_tolerance=0.1, ratio_limit=2.0)
+    assert not over["openai_ratio"]["pass"] and not over["openai_rss_back"]["pass"]
 
 
 def test_half_of_each_role_closes_its_session() -> None:
@@ -143,11 +166,12 @@ def test_smoke_run_end_to_end_writes_json_md_png(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "load.json").read_text())
     assert {"settings", "git", "probe_start", "probe_end", "load_avg", "phases", "soak",
-            "rss", "flood", "goals", "raw", "num_errors", "wall_s"} <= set(result)
+            "rss", "flood", "openai", "goals", "raw", "num_errors", "wall_s"} <= set(result)
     assert result["smoke"] and "commit" in result["git"]
     assert result["settings"]["clients"] == SMOKE.clients
     assert [p["name"] for p in result["phases"]] == [
-        "soak", "stopping", "expiry", "baseline_a", "flood", "drain", "baseline_b"]
+        "soak", "stopping", "expiry", "baseline_a", "flood", "drain", "baseline_b", "openai",
+        "openai_stop", "baseline_c"]
     assert {"forward_backward", "optim_step", "sample_base", "sample_adapter",
             "save_weights_and_get_sampling_client", "save_weights_for_sampler",
             "create_sampling_client"} <= set(result["soak"]["ops"])
@@ -158,13 +182,20 @@ def test_smoke_run_end_to_end_writes_json_md_png(tmp_path: Path) -> None:
     assert normal["baseline"]["n"] > 0 and normal["flood"]["n"] > 0
     assert flooder["accepted"] > 0 and flooder["accepted"] == flooder["completed"] + (
         flooder["failed"])
-    assert set(result["goals"]) == {"errors", "rss_back", "flood_ratio"}
+    oai = result["openai"]
+    assert set(oai["clients"]) == {"completion", "completion_stream", "chat", "chat_stream"}
+    assert all(k["n"] > 0 for k in oai["clients"].values()) and oai["tokens"] > 0
+    assert oai["ttft"]["chat_stream"]["n"] > 0 and oai["normal"]["openai"]["n"] > 0
+    assert oai["rss"]["after_mib"] > 0 and oai["rss"]["before_mib"] > 0
+    assert set(result["goals"]) == {"errors", "rss_back", "flood_ratio", "openai_ratio",
+                                    "openai_rss_back"}
     assert all(isinstance(g["pass"], bool) for g in result["goals"].values())
     assert result["raw"]["ops"] and result["raw"]["rss"]
     md = (tmp_path / "load.md").read_text()
     assert "| goal | value | target | verdict |" in md
     assert "| op kind | ok | errors | p50 ms | p99 ms | max ms |" in md
     assert "| `forward_backward` |" in md and "![load](load.png)" in md
+    assert "| `chat_stream` |" in md and "## OpenAI API: 4 clients" in md
     png = (tmp_path / "load.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert elapsed < 120, f"the smoke run took {elapsed:.0f} s"
