@@ -3,13 +3,15 @@ admission bounds on (this server's defaults) and off (how admission worked befor
 
     python benchmarks/sample_fairness.py [--rounds 3] [--heavy-prompt 6000] [--heavy-clients 32]
 
-Four `loraplex serve` processes on ``builtin:tiny`` run side by side, the same except for the
-sampling bounds: ``on`` (the defaults), ``no_hold`` (the defaults but
+Up to five `loraplex serve` processes (``--modes``) on ``builtin:tiny`` run side by side, the
+same except for the sampling bounds: ``on`` (the defaults), ``no_share`` (the defaults but
+``engine.sample_shared_decode_kv_tokens`` 0: every running sequence decodes every step, however
+many tenants sample), ``no_hold`` (the defaults but
 ``scheduler.sample_anticipation_s`` 0: training does not wait for a finished sample's client),
 ``engine_only`` (the scheduler's admission bounds
 ``scheduler.sample_prefill_tokens_per_step`` and ``sample_max_tenant_share`` off: unbounded and
-1.0) and ``off`` (also ``engine.sample_prefill_tokens_per_step`` unbounded: how sampling
-worked before these bounds). Per round, for each server in turn (interleaved):
+1.0) and ``off`` (also ``engine.sample_prefill_tokens_per_step`` unbounded and no step
+sharing: how sampling worked before these bounds). Per round, for each server in turn (interleaved):
 - ``solo``: the light tenant's sequential short samples (8-token prompt, 8 tokens) alone;
 - ``beside``: the same while the heavy tenant keeps ``--heavy-clients`` samples of
   ``--heavy-prompt``-token prompts in flight (each client resubmits as soon as one returns),
@@ -49,9 +51,12 @@ MODEL = "tiny"
 UNBOUNDED = "1000000000"
 SCHEDULER_OFF = {"LORAPLEX_SCHEDULER_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED,
                  "LORAPLEX_SCHEDULER_SAMPLE_MAX_TENANT_SHARE": "1.0"}
-MODES = {"on": {}, "no_hold": {"LORAPLEX_SCHEDULER_SAMPLE_ANTICIPATION_S": "0"},
+SHARE_OFF = {"LORAPLEX_ENGINE_SAMPLE_SHARED_DECODE_KV_TOKENS": "0"}
+MODES = {"on": {}, "no_share": SHARE_OFF,
+         "no_hold": {"LORAPLEX_SCHEDULER_SAMPLE_ANTICIPATION_S": "0"},
          "engine_only": SCHEDULER_OFF,
-         "off": {**SCHEDULER_OFF, "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
+         "off": {**SCHEDULER_OFF, **SHARE_OFF,
+                 "LORAPLEX_ENGINE_SAMPLE_PREFILL_TOKENS_PER_STEP": UNBOUNDED}}
 LIGHT_SAMPLES = 20
 WORKLOADS = ("distinct", "shared", "training")
 TRAIN_CLIENTS = 4
@@ -208,15 +213,18 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
              f"{rounds} interleaved rounds per mode and workload, medians. `on`: the "
              "defaults (scheduler: `sample_prefill_tokens_per_step` 8192, "
-             "`sample_max_tenant_share` 0.75; engine: `sample_prefill_tokens_per_step` 2048); "
-             "`no_hold`: the defaults but `scheduler.sample_anticipation_s` 0 (training does "
-             "not wait for a finished sample's client); `engine_only`: the scheduler's two "
-             "admission bounds off; `off`: all three off.", "",
+             "`sample_max_tenant_share` 0.75; engine: `sample_prefill_tokens_per_step` 2048, "
+             "the shared decode steps `sample_shared_decode_kv_tokens` 32768, "
+             "`sample_shared_prefill_tokens` 32); `no_share`: the defaults but "
+             "`engine.sample_shared_decode_kv_tokens` 0 (every running sequence decodes "
+             "every step); `no_hold`: the defaults but `scheduler.sample_anticipation_s` 0 "
+             "(training does not wait for a finished sample's client); `engine_only`: the "
+             "scheduler's two admission bounds off; `off`: all of these off.", "",
              "| heavy prompts | admission bounds | light p50 solo (s) | light p50 beside (s) | "
              "light p95 beside (s) | beside / solo | heavy samples/s | heavy ÷ off |",
              "|---|---|---|---|---|---|---|---|"]
     for workload in result["workloads"]:
-        for mode in MODES:
+        for mode in result["modes"]:
             r = s[f"{mode}/{workload}"]
             ratio = s[f"heavy_rate_over_off/{mode}/{workload}"]
             lines.append(f"| {workload} | {mode} | {r['solo_p50_s']} | {r['beside_p50_s']} | "
@@ -234,9 +242,12 @@ def main() -> None:
     parser.add_argument("--heavy-prompt", type=int, default=6000)
     parser.add_argument("--heavy-clients", type=int, default=32)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="servers to run side by side (off is always one)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     workloads = tuple(args.workloads.split(","))
+    modes = [m for m in MODES if m in args.modes.split(",") or m == "off"]
 
     from tqdm import tqdm
 
@@ -244,13 +255,13 @@ def main() -> None:
 
     machine = probe_machine().as_dict()
     with tempfile.TemporaryDirectory(prefix="sample-fairness-") as scratch:
-        servers = {mode: start(mode, Path(scratch) / mode) for mode in MODES}
+        servers = {mode: start(mode, Path(scratch) / mode) for mode in modes}
         try:
             clients = {mode: (sampler(s.base_url, "tml-light"), sampler(s.base_url, "tml-heavy"))
                        for mode, s in servers.items()}
             services = {mode: service(s.base_url, "tml-heavy") for mode, s in servers.items()}
             rounds: dict[str, list[dict[str, Any]]] = {
-                f"{m}/{w}": [] for w in workloads for m in MODES}
+                f"{m}/{w}": [] for w in workloads for m in modes}
             for _ in tqdm(range(args.rounds), desc="rounds", unit="round"):
                 for workload in workloads:
                     for mode, (light, heavy) in clients.items():
@@ -261,7 +272,7 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-    result = {"workloads": workloads, "heavy_prompt": args.heavy_prompt,
+    result = {"workloads": workloads, "modes": modes, "heavy_prompt": args.heavy_prompt,
               "heavy_clients": args.heavy_clients,
               "machine": machine, "rounds": rounds, "summary": summarize(rounds)}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,14 @@ class EngineConfig:
             sequences are decoding: a long prompt is prefilled in pieces between decode steps,
             so the running sequences and a short prompt admitted beside it are not held behind
             all of it (with nothing decoding, a step prefills as much as fits).
+        sample_shared_decode_kv_tokens: while more than one tenant is sampling, the KV
+            positions one tenant's decode rows may read per decode step (deficit round-robin,
+            `engine.sampling.step_share`): a tenant decoding many long sequences decodes
+            some of them each step instead of making every step long for everyone (0: off).
+        sample_shared_prefill_tokens: while more than one tenant is sampling, prompt tokens
+            prefilled per decode step (long prompts cut into pieces this small).
+        sample_shared_linger_steps: decode steps a tenant still counts as sampling after its
+            last sequence finished (its next request usually comes moments later).
         native_kernels: on CPU in float32, run loraplex's C kernels (`engine.kernels`, built
             with the system C compiler on first use): the packed sgemm for the base model's
             linears and head, wherever the loader finds it gives F.linear's bits on this
@@ -88,6 +96,9 @@ class EngineConfig:
     host_memory_budget: int | None = None
     page_dir: str | None = None
     sample_prefill_tokens_per_step: int = 2048
+    sample_shared_decode_kv_tokens: int = 32768
+    sample_shared_prefill_tokens: int = 32
+    sample_shared_linger_steps: int = 32
     native_kernels: bool = True
 
     def __post_init__(self) -> None:
@@ -99,6 +110,15 @@ class EngineConfig:
                 raise user_error(name, f"must be at least 1, got {value}")
         if self.recompute not in ("none", "layer"):
             raise user_error("recompute", f"must be 'none' or 'layer', got {self.recompute!r}")
+        if self.sample_shared_decode_kv_tokens < 0:
+            raise user_error("sample_shared_decode_kv_tokens",
+                             f"must be ≥ 0 (0: off), got {self.sample_shared_decode_kv_tokens}")
+        if self.sample_shared_linger_steps < 0:
+            raise user_error("sample_shared_linger_steps",
+                             f"must be ≥ 0, got {self.sample_shared_linger_steps}")
+        if self.sample_shared_prefill_tokens < 1:
+            raise user_error("sample_shared_prefill_tokens",
+                             f"must be at least 1, got {self.sample_shared_prefill_tokens}")
 
 
 @dataclass(frozen=True)

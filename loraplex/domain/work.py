@@ -112,6 +112,8 @@ class SampleWork:
         stream: report completion tokens while the request runs (`SequenceDelta`s after every
             `sample_step`), not only when it finishes.
         images: the prompt's images (their placeholder runs in ``prompt``), in order.
+        tenant: who asked (set by the scheduler; the sampler shares its steps between
+            tenants, ``engine.sample_shared_decode_kv_tokens``).
     """
 
     request_id: str
@@ -127,3 +129,4 @@ class SampleWork:
     prompt_alt_tokens_k: int = 0
     stream: bool = False
     images: tuple[ImageInput, ...] = ()
+    tenant: str = ""

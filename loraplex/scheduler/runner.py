@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar, assert_never
 
 from loraplex.domain.ops import (
@@ -194,7 +194,7 @@ def _install(executor: BatchExecutor, plan: InstallPlan, out: PlanOutcome) -> No
 def sample_work(item: WorkItem) -> SampleWork:
     match item.op:
         case SampleOp():
-            return item.op.work
+            return replace(item.op.work, tenant=item.tenant)  # the sampler shares by tenant
         case _:
             raise AssertionError(f"{item.request_id}: {item.kind} is not a sample")
 

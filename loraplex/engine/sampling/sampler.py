@@ -44,6 +44,7 @@ from loraplex.engine.sampling.prefill import (
 )
 from loraplex.engine.sampling.random_stream import PROMPT_ALT_STREAM, stream_key, uniform
 from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
+from loraplex.engine.sampling.step_share import SHARED_STEPS_PER_CALL, StepShare
 from loraplex.engine.sampling.stop_rule import StopRule, StopStringMatcher
 from loraplex.engine.sampling.token_sampler import RowParams, sample_tokens
 from loraplex.engine.sampling.validation import SampleLimits, check_sample_work
@@ -117,6 +118,10 @@ class Sampler:
         self._num_admitted = 0
         self._prefill_per_step = max(MIN_PREFILL_PIECE, config.sample_prefill_tokens_per_step)
         self._prefilled = 0  # prompt tokens computed in the current step
+        self._share = StepShare(config.sample_shared_decode_kv_tokens,
+                                config.sample_shared_prefill_tokens,
+                                config.sample_shared_linger_steps)
+        self._min_piece = MIN_PREFILL_PIECE  # the shortest piece `_cut` makes now
         self.stats = SamplerStats()
 
     # ---- public surface ------------------------------------------------------------------
@@ -138,12 +143,16 @@ class Sampler:
                     finished.append(rejected)
             finished += self._fail_lost_adapters()
             finished += self._prefill_waiting()
-            for _ in range(max_decode_steps):
+            for i in range(max_decode_steps):
                 if not self._running:
                     break
+                tenants = self._tenants_running()
                 finished += self._decode()
                 if self._waiting or self._resume or self._partial is not None:
                     finished += self._prefill_waiting()
+                if self._share.shared and (i + 1 >= SHARED_STEPS_PER_CALL
+                                           or tenants - self._tenants_running()):
+                    break  # a tenant's last result leaves now; a new request joins soon
         except Exception:
             self._reset()
             raise
@@ -255,16 +264,35 @@ class Sampler:
 
     def _prefill_waiting(self) -> list[SampleOutcome]:
         """Prefill forwards until nothing waiting fits (FIFO: resumed sequences first) or,
-        while sequences are decoding, until this step's prefill budget is spent."""
+        while sequences are decoding, until this step's prefill budget is spent (while
+        several tenants sample, also this decode step's `StepShare` budget)."""
         finished: list[SampleOutcome] = []
+        spent = 0
         while True:
-            limit = None if not self._running else self._prefill_per_step - self._prefilled
+            limit = self._prefill_limit(spent)
             items, aborted = self._plan_prefill(limit)  # spent: short prompts only
             finished += aborted
             if not items:
                 return finished
-            self._prefilled += sum(it.stop - it.start for it in items)
+            computed = sum(it.stop - it.start for it in items)
+            self._prefilled += computed
+            spent += computed
             finished += self._run_prefill(items)
+
+    def _prefill_limit(self, spent: int) -> int | None:
+        """Prompt tokens the next prefill forward may compute (None: no bound); sets the
+        shortest piece a long prompt is cut to. While tenants share the sampler even a step
+        with nothing decoding prefills one short forward: another tenant's next request
+        should not find a long one in progress."""
+        self._min_piece = MIN_PREFILL_PIECE
+        if self._share.refresh(self._running, self._queued()):
+            if not self._running and spent == 0:
+                self._share.tick()  # a prefill-only forward is a step of the linger too
+            self._min_piece = max(1, min(MIN_PREFILL_PIECE, self._share.prefill_tokens))
+            limit = self._share.prefill_tokens - spent
+            return min(limit, self._prefill_per_step - self._prefilled) if self._running \
+                else limit
+        return None if not self._running else self._prefill_per_step - self._prefilled
 
     def _plan_prefill(self, limit: int | None = None
                       ) -> tuple[list[PrefillItem], list[SampleOutcome]]:
@@ -346,11 +374,12 @@ class Sampler:
         return items, aborted
 
     def _cut(self, item: PrefillItem, budget: int, strict: bool = False) -> PrefillItem:
-        """``item`` as a piece of at most ``max(budget, MIN_PREFILL_PIECE)`` tokens when it has
+        """``item`` as a piece of at most ``max(budget, MIN_PREFILL_PIECE)`` tokens (while
+        several tenants sample, the `StepShare` prefill budget instead of the minimum) when it has
         more than `MAX_PREFILL_TOKENS` (``strict``: more than ``budget``); it then stays in
         progress (`_partial`)."""
         remaining = item.stop - item.start
-        piece = max(budget, MIN_PREFILL_PIECE)
+        piece = max(budget, self._min_piece)
         if remaining <= (piece if strict else MAX_PREFILL_TOKENS):
             return item
         item.end = item.start + piece
@@ -421,10 +450,11 @@ class Sampler:
     # ---- decode --------------------------------------------------------------------------
 
     def _decode(self) -> list[SampleOutcome]:
-        """One decode step: every running sequence feeds its last token, then samples."""
+        """One decode step: every running sequence (while several tenants sample, those
+        `StepShare` picks) feeds its last token, then samples."""
         self._grow_tables()
         self.pool.prepare_forward()
-        seqs = self._running
+        seqs = self._share.decode_set(self._running, self._queued())
         model = self._model
         batch = model.pack([SequenceInput([s.tokens[-1]], s.request.work.adapter_id,
                                           s.num_computed, s.block_table, state_key=s,
@@ -443,6 +473,14 @@ class Sampler:
             if seq.num_computed % size == 0:
                 self.pool.register_full_pages(seq, seq.num_computed)
         return self._take_tokens(list(seqs), logits)
+
+    def _tenants_running(self) -> set[str]:
+        return {seq.request.work.tenant for seq in self._running}
+
+    def _queued(self) -> list[SampleRequest]:
+        """Requests with prompt tokens still to compute (`StepShare` counts their tenants)."""
+        partial = [self._partial.seq.request] if self._partial is not None else []
+        return [*self._waiting, *partial, *(seq.request for seq in self._resume)]
 
     def _layers(self, batch: PackedBatch, lora: LoraBatch | None) -> torch.Tensor | None:
         """The forward's hidden states; None on a pipeline stage before the last (it runs

@@ -43,6 +43,8 @@ class SampleSequence:
         logprobs, topk_ids, topk_logprobs: per completion token.
         stop_reason: set once finished.
         reported: completion tokens already handed out as `SequenceDelta`s (streaming).
+        decoded_at: the sampler step it last decoded in (`StepShare` serves the longest
+            waiting first).
     """
 
     request: SampleRequest
@@ -57,6 +59,7 @@ class SampleSequence:
     topk_logprobs: list[list[float]] = field(default_factory=list)
     stop_reason: StopReason | None = None
     reported: int = 0
+    decoded_at: int = 0
 
     @property
     def num_completion(self) -> int:
