@@ -1,24 +1,20 @@
 """Frozen configuration, one slice per component, built once by the CLI.
 
 Environment variables are read here and nowhere else. Each component receives only its own
-slice (`config.engine` goes to the engine, `config.scheduler` to the scheduler, ...).
-Unknown keys raise: `from_mapping` refuses names that are not fields. Each slice checks its
-own values on construction (`UserError` naming the field), whatever source they came from;
-`loraplex.cli.config_sources` layers defaults, a TOML file, ``LORAPLEX_*`` variables and
-flags into these dataclasses, reaching every field by its type annotation.
+slice (`config.engine` goes to the engine, `config.scheduler` to the scheduler, ...). Each
+slice checks its own values on construction (`UserError` naming the field), whatever source
+they came from; `loraplex.cli.config_sources` layers defaults, a TOML file, ``LORAPLEX_*``
+variables and flags into these dataclasses, reaching every field by its type annotation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from loraplex.errors import user_error
-
-T = TypeVar("T")
 
 DEFAULT_MODEL_NAME = "Qwen/Qwen3-8B"
 """Catalogue name the built-in tiny model is served under when no ``--model`` is given: a real
@@ -436,15 +432,6 @@ class LoraplexConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-
-
-def from_mapping(cls: type[T], values: Mapping[str, Any], where: str) -> T:
-    """Build a config dataclass from a mapping, refusing unknown keys."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise user_error(where, f"unknown keys {unknown}; known: {sorted(names)}")
-    return cls(**values)
 
 
 def default_hf_home() -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmarks.peers.side_by_side import GOALS, PEERS
-
 LABELS = {
     "train": "fwd_bwd + optim_step (trained tokens/s, median step)",
     "sample_fanout": "sampling fan-out (generated tokens/s)",
@@ -81,10 +79,11 @@ def markdown(result: dict[str, Any]) -> str:
         "| workload | loraplex | SkyRL tx | ratio_vs_skyrl | goal |",
         "|---|---|---|---|---|",
     ]
+    goals = result["goals"]  # the goals of the run this result is, not today's
     for key, label in LABELS.items():
-        met = "met" if ratio[key] is not None and ratio[key] >= GOALS[key] else "not met"
+        met = "met" if ratio[key] is not None and ratio[key] >= goals[key] else "not met"
         lines.append(f"| {label} | {_fmt(ours[key])} | {_fmt(theirs[key])} | "
-                     f"**{_fmt(ratio[key], 2)}** | ≥ {GOALS[key]} ({met}) |")
+                     f"**{_fmt(ratio[key], 2)}** | ≥ {goals[key]} ({met}) |")
     per_round = ["/".join(_fmt(r[k], 2) for r in result["ratio_vs_skyrl_per_round"])
                  for k in LABELS]
     lines += ["", "Per-round ratios (train, fan-out, batch): " + "; ".join(per_round) + ".", "",
@@ -94,5 +93,5 @@ def markdown(result: dict[str, Any]) -> str:
                                      for e in result["rounds"]) + ".", "",
               "Pooled over rounds: training = tokens per step ÷ the median of every timed step; "
               "sampling = generated tokens ÷ seconds of every timed round. Peers: "
-              + ", ".join(PEERS) + ".", ""]
+              + ", ".join(result["affinity"]) + ".", ""]
     return "\n".join(lines)

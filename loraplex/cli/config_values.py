@@ -6,7 +6,8 @@ argparse already typed). Supported annotations: ``int``, ``float``, ``bool``, ``
 ``Mapping[K, V]`` / ``dict[K, V]`` and dataclasses used as values (a table of their fields, or
 the ``NAME=SOURCE``-style text their ``parse`` accepts). Knows nothing of sections or sources;
 an annotation it cannot read is a programming error (`TypeError`), which
-``tests/test_config_reach.py`` catches for every new field.
+``tests/test_config.py`` (``test_every_field_is_reachable_from_*``) catches for every new
+field.
 """
 
 from __future__ import annotations

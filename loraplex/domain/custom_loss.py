@@ -111,11 +111,6 @@ class CustomLoss:
     inputs: tuple[tuple[str, int], ...]
     nodes: tuple[LossNode, ...]
 
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        """The ``loss_fn_inputs`` keys it reads, after ``logprobs``."""
-        return tuple(name for name, _ in self.inputs[1:])
-
 
 def loss_id(session_id: str, custom_loss_seq_id: int) -> str:
     return f"{session_id}:loss:{custom_loss_seq_id}"

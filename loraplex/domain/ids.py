@@ -28,15 +28,6 @@ def sampling_session_id(session_id: str, sampling_session_seq_id: int) -> str:
     return f"{session_id}:sample:{sampling_session_seq_id}"
 
 
-def session_of(run_or_sampler_id: str) -> str:
-    """The session id a ``{sid}:train:{n}`` or ``{sid}:sample:{n}`` id belongs to."""
-    head, sep, _ = run_or_sampler_id.rpartition(":")
-    session, sep2, _ = head.rpartition(":")
-    if not sep or not sep2:
-        raise user_error("model_id", f"malformed id {run_or_sampler_id!r}")
-    return session
-
-
 @dataclass(frozen=True)
 class TinkerPath:
     """``tinker://{run_id}/{kind}/{name}``; ``run_id`` is the training model id."""

@@ -1,6 +1,6 @@
-"""The loss names a client may ask for: the one list the API, the engine registry and the
-tests derive from (Tinker's ``LossFnType`` minus ``custom``, the flag-gated server-side upload
-this server does not offer)."""
+"""The built-in loss names a client may ask for: the one list the API, the engine registry and
+the tests derive from (Tinker's ``LossFnType`` minus ``custom``: an uploaded loss graph is
+named by its own id, `domain.custom_loss`, created through ``create_custom_loss``)."""
 
 from __future__ import annotations
 

@@ -140,10 +140,6 @@ class ModelCard:
         return 0 if self.linear is None else self.linear.num_layers
 
     @property
-    def is_moe(self) -> bool:
-        return self.moe is not None
-
-    @property
     def qk_head_dim(self) -> int:
         """Width of one head's query/key dot product."""
         if self.mla:

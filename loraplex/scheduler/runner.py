@@ -1,5 +1,6 @@
 """Executes one plan against a `BatchExecutor` on the clock thread: the only module that calls
-the engine there (the IO threads' two calls live in `io_jobs`).
+the engine there (the IO threads' two calls, ``save_adapter`` and ``read_checkpoint``, live in
+`completion.py`).
 
 Returns one outcome per finished work item (an engine result, or the `LoraplexError` that
 failed that item alone). An unexpected exception from an engine call is a bug: it is logged with

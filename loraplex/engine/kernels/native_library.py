@@ -1,7 +1,8 @@
 """`NativeLibrary`: a C source of this package compiled on the machine that runs it, cached.
 
 The kernels are plain C (no torch headers, no build step at install): the first engine on a
-machine compiles ``packed_gemm.c`` with the system C compiler (``$CC``, else ``cc``) and
+machine compiles each of them (``packed_gemm.c``, ``paged_attention.c``; both include
+``simd.h``) with the system C compiler (``$CC``, else ``cc``) and
 ``-O3 -march=native -fopenmp``, in well under a second, into a user cache directory
 (``$LORAPLEX_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/loraplex/kernels``, else
 ``~/.cache/loraplex/kernels``); later processes load the cached file. The file name is a hash

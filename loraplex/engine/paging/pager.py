@@ -216,9 +216,6 @@ class AdapterPager:
         with self._lock:
             return sum(self._measure(a) for a in self._resident.ids())
 
-    def page_stats(self) -> PageStats:
-        return replace(self._memory.paging)
-
     def memory_stats(self) -> MemoryStats:
         """As of the end of the last change (any thread, never waits)."""
         return self._memory

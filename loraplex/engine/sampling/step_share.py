@@ -10,8 +10,8 @@ tenant's part of a step instead:
   sequences earns ``decode_kv_tokens`` of credit; its sequences decode, longest-waiting first,
   while their cost (context length + `ROW_COST`) fits its credit, and what is left carries
   over (a sequence longer than one step's credit decodes once enough has accumulated). The
-  rest wait for a later step. A tenant using less than its credit (a short sample) decodes
-  every sequence every step.
+  rest wait for a later step; a step decodes one row at least. A tenant using less than its
+  credit (a short sample) decodes every sequence every step.
 - **Prefill**: at most ``prefill_tokens`` prompt tokens per decode step, long prompts cut into
   pieces that small, so a prompt being prefilled does not hold the others' next token.
 
@@ -112,6 +112,8 @@ class StepShare:
                 taken += 1
             # Credit carries over only while sequences wait: an idle tenant saves up nothing.
             self._credit[tenant] = credit if taken < len(waiting) else 0
+        if not chosen:  # every tenant is saving up: a step decodes one row at least
+            chosen.add(id(min(running, key=lambda s: s.decoded_at)))
         out = [s for s in running if id(s) in chosen]
         self.deferred += len(running) - len(out)
         self._mark(out)

@@ -53,6 +53,18 @@ def test_a_row_longer_than_one_steps_credit_decodes_once_credit_has_accumulated(
     assert steps == [False, False, True] * 3
 
 
+def test_a_step_never_decodes_nothing() -> None:
+    """Alone but lingering (shared), with every row longer than a step's credit: the
+    longest-waiting row decodes anyway, one a step."""
+    share = StepShare(decode_kv_tokens=1000, prefill_tokens=16, linger_steps=8)
+    share.decode_set([seq("l", 10), seq("h", 10)], [])
+    heavy = [seq("h", 2500), seq("h", 2500)]
+    chosen = [share.decode_set(heavy, []) for _ in range(6)]
+    assert all(len(c) >= 1 for c in chosen)
+    assert [c[0] is heavy[0] for c in chosen][:2] == [True, False], "in turn"
+    assert [len(c) for c in chosen] == [1] * 6
+
+
 def test_a_tenant_counts_as_sampling_for_linger_steps_after_it_left() -> None:
     share = StepShare(decode_kv_tokens=1000, prefill_tokens=16, linger_steps=3)
     heavy = [seq("h", 5000)]
