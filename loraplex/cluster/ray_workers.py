@@ -21,11 +21,11 @@ import ray
 from loraplex.cluster.local_groups import group_store, start_group
 from loraplex.cluster.model_parallel import ModelParallelGroup, RankHandle
 from loraplex.cluster.ray_head import RayHead
-from loraplex.cluster.remote_executor import RemoteExecutor
+from loraplex.cluster.remote_executor import LOST, RemoteExecutor
 from loraplex.cluster.worker import EngineWorker, GroupMember
 from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
 from loraplex.engine.host_allocator import SINGLE_ARENA_ENV
-from loraplex.errors import user_error
+from loraplex.errors import WorkerLostError, user_error
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.lanes import WorkerGroup
 
@@ -96,17 +96,17 @@ class RayWorkers:
         until it has loaded the model (and, while the Ray head is lost, until it is back)."""
         generation = self.head.wait_up()
         if self.cluster.model_parallel > 1:
-            return self.spawn_group(model_dir)
+            return self.spawn_group(model_dir, generation)
         actor = self._actor(model_dir, "SPREAD")
         info, pid, node_id, _ = self.head.get(actor.ready.remote(), generation)
         name = f"pid {pid}"
         log.info("engine worker %s up on node %s (%s)", name, node_id[:8], model_dir)
         return RemoteExecutor(name, actor, info, pid, node_id, self.head, generation)
 
-    def spawn_group(self, model_dir: str) -> ModelParallelGroup:
+    def spawn_group(self, model_dir: str, generation: int) -> ModelParallelGroup:
         """``model_parallel`` rank actors, one per bundle of a ``STRICT_PACK`` placement
         group (the group's ranks share a node and its fast links); they rendezvous at a
-        store this process holds."""
+        store this process holds. ``generation``: the Ray runtime they are made in."""
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -115,7 +115,7 @@ class RayWorkers:
                   **dict(self.bundle.custom)}
         pg = placement_group([{k: v for k, v in bundle.items() if v}] * world,
                              strategy="STRICT_PACK")
-        ray.get(pg.ready())
+        self.head.get(pg.ready(), generation)
         store = group_store(ray.util.get_node_ip_address(), world)
         device = "cuda:0" if self.bundle.num_gpus else "cpu"  # Ray shows each actor its GPU
         ranks: list[RankHandle] = []
@@ -124,8 +124,14 @@ class RayWorkers:
                                  device)
             strategy = PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=rank)
-            ranks.append(RayRank(f"rank {rank}", self._actor(model_dir, strategy, member)))
-        return start_group(ranks, model_dir, store, lambda: remove_placement_group(pg))
+            ranks.append(RayRank(f"rank {rank}", self._actor(model_dir, strategy, member),
+                                 self.head, generation, self._concurrency))
+
+        def release() -> None:  # a lost runtime's placement group went with it
+            if generation == self.head.generation and self.head.problem is None:
+                remove_placement_group(pg)
+
+        return start_group(ranks, model_dir, store, release)
 
     def _actor(self, model_dir: str, strategy: Any, member: GroupMember | None = None) -> Any:
         """An `EngineWorker` actor of one bundle (created; its constructor runs in Ray)."""
@@ -144,16 +150,36 @@ class RayWorkers:
 
 
 class RayRank:
-    """A rank actor as a `RankHandle`: each call a Ray task whose future the group waits on
-    (a dead actor's fails, and the group is lost)."""
+    """A rank actor as a `RankHandle`: each call a Ray task, awaited through the head
+    (`RayHead.get`) by a thread of the rank's own, so it fails with `WorkerLostError` when the
+    actor dies or the Ray head is lost (a bare Ray future would wait forever for a lost head),
+    and an actor of an earlier runtime is never called (the group is lost, and replaced).
 
-    def __init__(self, name: str, actor: Any) -> None:
+    Args:
+        name: for errors (``rank 0``).
+        actor: the `EngineWorker` actor.
+        head: the connection, and ``generation``: the runtime the actor was made in.
+        concurrency: calls in flight at once (the actor's ``max_concurrency``).
+    """
+
+    def __init__(self, name: str, actor: Any, head: RayHead, generation: int,
+                 concurrency: int) -> None:
         self.name = name
         self.actor = actor
+        self._head, self._generation = head, generation
+        self._waiters = ThreadPoolExecutor(concurrency, thread_name_prefix=f"loraplex-{name}")
 
     def submit(self, method: str, *args: Any) -> Future[Any]:
-        future: Future[Any] = getattr(self.actor, method).remote(*args).future()
-        return future
+        return self._waiters.submit(self._call, method, args)
+
+    def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+        self._head.check(self._generation)
+        try:
+            return self._head.get(getattr(self.actor, method).remote(*args), self._generation)
+        except LOST as exc:
+            raise WorkerLostError(f"{self.name} was lost ({type(exc).__name__})") from None
 
     def kill(self) -> None:
-        ray.kill(self.actor, no_restart=True)
+        """End the actor; nothing to do when its runtime is gone."""
+        if self._generation == self._head.generation and self._head.problem is None:
+            ray.kill(self.actor, no_restart=True)

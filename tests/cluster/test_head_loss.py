@@ -1,6 +1,9 @@
 """The Ray head of a ``loraplex serve --workers 1`` dies: the API keeps answering (health says
 degraded and why), the server starts a new runtime and a new worker by itself, says so in its
-log, and the training run goes on from its last ``save_state`` bitwise. Also: the runtime the
+log, and the training run goes on from its last ``save_state`` bitwise. The server with a
+runtime of its own runs a model-parallel worker (a group of two rank actors: their calls wait
+through the head too, and the group of the old runtime is replaced); the joined cluster's
+runs a single-actor one. Also: the runtime the
 server started listens on loopback only, as its API does (on main Ray bound every interface,
 and the server process ended 60 s after the head did)."""
 
@@ -116,7 +119,7 @@ def ray_serve(tmp_path: Path, tiny_model_dir: Path):  # type: ignore[no-untyped-
     decoy = _head(decoy_port, tmp_path / "decoy.log")
     _wait_port(decoy_port)
     _end(decoy, signal.SIGKILL)
-    with _serve(tmp_path, tiny_model_dir, "--workers", "1") as served:
+    with _serve(tmp_path, tiny_model_dir, "--workers", "1", "--model-parallel", "2") as served:
         yield served
 
 
@@ -154,6 +157,7 @@ def test_the_ray_head_dies_and_the_server_recovers(ray_serve) -> None:  # type: 
     log = log_path.read_text(errors="replace")
     assert "the Ray head (GCS at" in log and "starting a new local Ray runtime" in log, log
     assert "ray: connected again (runtime 2)" in log, log
+    assert log.count("2 stages") == 2, "a group in each runtime"
     new_gcs = [p for p in _ray_children(proc.pid) if p.name() == "gcs_server"]
     assert new_gcs and new_gcs[0].pid != gcs[0].pid
 
