@@ -68,7 +68,7 @@ class DemoConfig:
     optimizer: Literal["adamw", "dimuon"] = "adamw"
     sft_learning_rate: float = 5e-3
     dimuon_sft_learning_rate: float = DIMUON_SFT_LR
-    rl_steps: int = 50
+    rl_steps: int = 70
     prompts_per_step: int = 8
     group_size: int = 8
     rl_learning_rate: float = 5e-4
