@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import tinker
+import torch
 
 from loraplex.cli.model_sources import builtin_dir
 from loraplex.config import ModelSource
@@ -57,11 +58,19 @@ def install(namespace: dict[str, Any], *, model: str, builtin: str, arch: str,
                      builtin_model_dir: Callable[[str], Any]) -> Iterator[Server]:
         data_dir = tmp_path_factory.mktemp(f"loraplex-{builtin}")
         shutil.copytree(builtin_model_dir(builtin), builtin_dir(str(data_dir), builtin))
+        # One torch thread: with two, a Qwen3.5 adapter's LoRA weight gradients differ run to
+        # run in the last bit on the packed-kernel path (MKL's GEMMs after the kernel's OpenMP
+        # regions; README "Not yet"), and these suites compare training runs bit for bit.
+        threads = torch.get_num_threads()
         ctx = fake_context(str(data_dir), models=(ModelSource(model, f"builtin:{builtin}"),),
-                           client_config={"fwdbwd_max_chunk_len": 2}, executor="engine")
-        with live_server(ctx) as url:
-            yield Server(url, ctx)
-        ctx.stores.close()
+                           client_config={"fwdbwd_max_chunk_len": 2}, executor="engine",
+                           num_threads=1)
+        try:
+            with live_server(ctx) as url:
+                yield Server(url, ctx)
+        finally:
+            ctx.stores.close()
+            torch.set_num_threads(threads)
 
     @pytest.fixture
     def trained(service_client: Callable[..., tinker.ServiceClient],
