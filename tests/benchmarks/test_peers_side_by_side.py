@@ -92,7 +92,8 @@ def test_markdown_reports_each_ratio_against_its_goal() -> None:
         "probe_start": probe, "probe_end": probe, "rounds": rounds,
         "tok_per_s": {"loraplex": ours, "skyrl": theirs},
         "ratio_vs_skyrl": side_by_side.ratios(ours, theirs),
-        "ratio_vs_skyrl_per_round": side_by_side.per_round_ratios(rounds)})
+        "ratio_vs_skyrl_per_round": side_by_side.per_round_ratios(rounds),
+        "goals": side_by_side.GOALS})
     assert "| **4.00** | ≥ 3.0 (met) |" in text  # training 512 vs 128 tok/s
     assert "| **2.00** | ≥ 3.0 (not met) |" in text  # fan-out 256 vs 128
     assert "| **1.00** | ≥ 1.2 (not met) |" in text  # batch

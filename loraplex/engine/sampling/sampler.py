@@ -379,6 +379,10 @@ class Sampler:
         more than `MAX_PREFILL_TOKENS` (``strict``: more than ``budget``); it then stays in
         progress (`_partial`)."""
         remaining = item.stop - item.start
+        if strict and budget <= 0:
+            # A short prompt taken past a spent budget: whole (a piece would be a second
+            # partial, and the one in progress would be dropped).
+            return item
         piece = max(budget, self._min_piece)
         if remaining <= (piece if strict else MAX_PREFILL_TOKENS):
             return item

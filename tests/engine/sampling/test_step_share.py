@@ -111,3 +111,29 @@ def test_a_short_sample_beside_long_prompts_finishes_first_with_the_same_bits(
         a, b = ok(results["shared"][rid]), ok(results["unshared"][rid])
         assert a.sequences[0].tokens == b.sequences[0].tokens, rid
         assert a.sequences[0].logprobs == b.sequences[0].logprobs, rid
+
+
+def test_short_prompts_of_several_tenants_past_a_spent_budget_all_finish(
+        tiny_model_dir: Path) -> None:
+    """Prompts longer than a shared step's prefill budget but short enough to pass it (≤ 512
+    tokens), from several tenants at once, beside a running sequence: each is prefilled
+    whole or in the one piece in progress, and every request comes back (a second piece once
+    replaced the one in progress, whose request then never finished)."""
+    gen = torch.Generator().manual_seed(4)
+    sampler = make_rig(tiny_model_dir, sample_shared_decode_kv_tokens=2000,
+                       sample_shared_prefill_tokens=32).sampler()
+    running = work("running", random_tokens(gen, 8), None, max_tokens=30, seed=1,
+                   stop=NO_STOP, tenant="r")
+    assert sampler.step([running], 1) == []
+    shorts = [work(f"short{i}", random_tokens(gen, 100 + 7 * i), None, max_tokens=3, seed=i,
+                   stop=NO_STOP, tenant=f"t{i}") for i in range(4)]
+    out = dict(sampler.step(shorts, 2))
+    for _ in range(200):
+        if len(out) == 5:
+            break
+        out.update(sampler.step([], 2))
+    assert sorted(out) == sorted(["running", *(w.request_id for w in shorts)])
+    alone = run(make_rig(tiny_model_dir).sampler(), shorts)
+    for w in shorts:
+        assert ok(out[w.request_id]).sequences[0].tokens == \
+            ok(alone[w.request_id]).sequences[0].tokens
