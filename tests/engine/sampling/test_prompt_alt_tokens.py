@@ -119,7 +119,8 @@ def test_a_scoring_only_request_returns_draws_and_a_one_token_prompt_returns_non
 @pytest.mark.parametrize("k", [-1, 129])
 def test_a_k_out_of_range_fails_alone_naming_the_field(rig: Rig, k: int) -> None:
     results = run(rig.sampler(), [work("bad", PROMPT, "a", prompt_alt_tokens_k=k),
-                                  work("good", PROMPT, "a", max_tokens=2)])
+                                  work("good", PROMPT, "a", max_tokens=2, seed=1,
+                                       stop=NO_STOP)])
     assert isinstance(results["bad"], UserError)
     assert "prompt_alt_tokens_k" in str(results["bad"])
     assert len(ok(results["good"]).sequences[0].tokens) == 2
