@@ -64,6 +64,7 @@ from benchmarks.load_phases import (
     expiry_phase,
     flood_phase,
     openai_phase,
+    phase_spans,
     soak_phase,
 )
 from benchmarks.load_server import RssSampler, load_server
@@ -156,7 +157,7 @@ def rss_section(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
 def openai_section(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI phase's summary and the server's RSS around it (before: the end of
     baseline B; after: the end of baseline C, the clients gone)."""
-    spans = {p["name"]: (p["start"], p["end"]) for p in measured["timeline"]}
+    spans = phase_spans(measured["timeline"])
     rss = rss_around(measured["rss_samples"], load_start=spans["openai"][0],
                      after_end=spans["baseline_c"][1], span_s=settings.settle_s)
     return {**measured["openai"], "rss": rss}

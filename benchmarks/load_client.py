@@ -117,6 +117,13 @@ class Channel:
             if key in command or command.get("eof"):
                 return command
 
+    def started(self) -> dict[str, Any] | None:
+        """Say ``started`` (the worker's imports are paid) and wait for its setup (None: the
+        driver went away first)."""
+        self.send("started", pid=os.getpid())
+        setup: dict[str, Any] | None = self.wait_for("setup").get("setup")
+        return setup
+
 
 def resolved(value: Any) -> Any:
     """SDK calls that return either the object or a future of it (versions differ)."""
@@ -287,8 +294,7 @@ def main() -> None:
     channel = Channel()
     import tinker  # noqa: F401  (paid before setup, while the server starts)
 
-    channel.send("started", pid=os.getpid())
-    raw = channel.wait_for("setup").get("setup")
+    raw = channel.started()
     if raw is None:
         return
     setup = Setup(raw["base_url"], raw["base_model"],

@@ -125,8 +125,7 @@ def main() -> None:
     channel = Channel()
     import openai  # noqa: F401  (paid before setup, while the server starts)
 
-    channel.send("started", pid=os.getpid())
-    raw = channel.wait_for("setup").get("setup")
+    raw = channel.started()
     if raw is None:
         return
     setup = Setup(**raw)

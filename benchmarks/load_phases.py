@@ -79,6 +79,13 @@ class Timeline:
         phase["machine_busy_share"] = (busy - busy0) / max(1e-9, total - total0)
 
 
+def phase_spans(phases: list[dict[str, Any]], names: tuple[str, ...] | None = None
+                ) -> dict[str, tuple[float, float]]:
+    """(start, end) wall clock of each named phase (all of them without ``names``)."""
+    return {p["name"]: (p["start"], p["end"]) for p in phases
+            if names is None or p["name"] in names}
+
+
 def run_for(workers: Workers, recorder: Recorder, seconds: float, desc: str) -> None:
     """Pump worker events for ``seconds``, with a progress bar of elapsed seconds and ops."""
     start, end = time.time(), time.time() + seconds
@@ -127,10 +134,7 @@ def soak_phase(settings: Settings, server: LoadServer, workers: Workers, recorde
     client_cpu_s = workers.cpu_s(names)  # before they exit (an exited process reads 0)
     timeline.end()
     timeline.begin("stopping")
-    for name in names:
-        workers.may_exit(name)
-        workers.send(name, {"stop": True})
-    stopped = workers.wait_all(names, "stopped", SETUP_TIMEOUT_S)
+    stopped = workers.stop(names, "stopped", SETUP_TIMEOUT_S)
     timeline.end()
     releases = server.stats().get("engine_calls", {}).get("release", 0)
     exited = {s.name: stopped[proc].body["t"] for proc, group in groups.items() for s in group}
@@ -234,17 +238,14 @@ def flood_phase(settings: Settings, server: LoadServer, workers: Workers, record
     run_for(workers, recorder, settings.flood_s, "flood")
     timeline.end()
     timeline.begin("drain")
-    workers.may_exit("flood")
-    workers.send("flood", {"stop": True})
-    drained = workers.wait_all(["flood"], "drained", settings.drain_timeout_s)["flood"].body
+    drained = workers.stop(["flood"], "drained", settings.drain_timeout_s)["flood"].body
     flood_cpu_s = workers.cpu_s(["flood"]) - flood_cpu0
     timeline.end()
     after = tenant_counters(server, keys)
     timeline.begin("baseline_b")
     run_for(workers, recorder, settings.baseline_half_s, "baseline B")
     timeline.end()  # the normal tenants go on into the OpenAI phase
-    windows = {p["name"]: (p["start"], p["end"]) for p in timeline.phases
-               if p["name"] in ("baseline_a", "flood", "baseline_b")}
+    windows = phase_spans(timeline.phases, ("baseline_a", "flood", "baseline_b"))
     return flood_summary(recorder.phase_ops("flood_phase"), windows, drained, before, after,
                          flood_cpu_s)
 
@@ -288,18 +289,13 @@ def openai_phase(settings: Settings, server: LoadServer, workers: Workers, recor
     run_for(workers, recorder, settings.openai_s, "OpenAI clients")
     timeline.end()
     timeline.begin("openai_stop")
-    workers.may_exit("openai")
-    workers.send("openai", {"stop": True})
-    workers.wait_all(["openai"], "stopped", SETUP_TIMEOUT_S)
+    workers.stop(["openai"], "stopped", SETUP_TIMEOUT_S)
     timeline.end()
     timeline.begin("baseline_c")
     run_for(workers, recorder, settings.baseline_half_s, "baseline C")
     timeline.end()
-    workers.may_exit("steady")
-    workers.send("steady", {"stop": True})
-    workers.wait_all(["steady"], "stopped", SETUP_TIMEOUT_S)
-    windows = {p["name"]: (p["start"], p["end"]) for p in timeline.phases
-               if p["name"] in ("baseline_b", "openai", "baseline_c")}
+    workers.stop(["steady"], "stopped", SETUP_TIMEOUT_S)
+    windows = phase_spans(timeline.phases, ("baseline_b", "openai", "baseline_c"))
     steady = [op for op in recorder.ops if op["c"].startswith("normal-")]
     users = [op for op in recorder.phase_ops("openai_phase") if op["c"].startswith("openai-")]
     steps = [op for op in steady if op["ok"] and op["k"] == "train_step"]

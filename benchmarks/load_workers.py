@@ -90,6 +90,15 @@ class Workers:
         """From now on ``name`` exiting is expected (it was told to stop)."""
         self._may_exit.add(name)
 
+    def stop(self, names: Iterable[str], kind: str, timeout_s: float) -> dict[str, Event]:
+        """Tell ``names`` to stop (their exit is expected from now on) and wait until each
+        has sent its ``kind`` event."""
+        names = list(names)
+        for name in names:
+            self.may_exit(name)
+            self.send(name, {"stop": True})
+        return self.wait_all(names, kind, timeout_s)
+
     def next_event(self, timeout_s: float) -> Event:
         """The next event of any worker, after the sink saw it.
 

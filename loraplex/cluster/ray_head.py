@@ -130,6 +130,11 @@ class RayHead:
         """Why the head is unusable now (None: it is up)."""
         return self._lost
 
+    def is_current(self, generation: int) -> bool:
+        """Whether ``generation``'s runtime is the one up now (its actors and placement
+        groups can be called and removed; an earlier runtime's went with it)."""
+        return generation == self.generation and self._lost is None
+
     def check(self, generation: int) -> None:
         """Raise the `WorkerLostError` a call of a ``generation`` actor gets now, if any."""
         lost = self._lost

@@ -21,11 +21,11 @@ import ray
 from loraplex.cluster.local_groups import group_store, start_group
 from loraplex.cluster.model_parallel import ModelParallelGroup, RankHandle
 from loraplex.cluster.ray_head import RayHead
-from loraplex.cluster.remote_executor import LOST, RemoteExecutor
+from loraplex.cluster.remote_executor import RemoteExecutor, call_actor
 from loraplex.cluster.worker import EngineWorker, GroupMember
 from loraplex.config import ClusterConfig, EngineConfig, SchedulerConfig
 from loraplex.engine.host_allocator import SINGLE_ARENA_ENV
-from loraplex.errors import WorkerLostError, user_error
+from loraplex.errors import user_error
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.lanes import WorkerGroup
 
@@ -128,7 +128,7 @@ class RayWorkers:
                                  self.head, generation, self._concurrency))
 
         def release() -> None:  # a lost runtime's placement group went with it
-            if generation == self.head.generation and self.head.problem is None:
+            if self.head.is_current(generation):
                 remove_placement_group(pg)
 
         return start_group(ranks, model_dir, store, release)
@@ -170,16 +170,10 @@ class RayRank:
         self._waiters = ThreadPoolExecutor(concurrency, thread_name_prefix=f"loraplex-{name}")
 
     def submit(self, method: str, *args: Any) -> Future[Any]:
-        return self._waiters.submit(self._call, method, args)
-
-    def _call(self, method: str, args: tuple[Any, ...]) -> Any:
-        self._head.check(self._generation)
-        try:
-            return self._head.get(getattr(self.actor, method).remote(*args), self._generation)
-        except LOST as exc:
-            raise WorkerLostError(f"{self.name} was lost ({type(exc).__name__})") from None
+        return self._waiters.submit(call_actor, self._head, self._generation, self.actor,
+                                    self.name, method, args)
 
     def kill(self) -> None:
         """End the actor; nothing to do when its runtime is gone."""
-        if self._generation == self._head.generation and self._head.problem is None:
+        if self._head.is_current(self._generation):
             ray.kill(self.actor, no_restart=True)

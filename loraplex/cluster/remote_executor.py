@@ -37,6 +37,18 @@ LOST = (ray_errors.RayActorError, ray_errors.ActorUnavailableError, ray_errors.N
 """What Ray raises when a worker's process or node is gone."""
 
 
+def call_actor(head: RayHead, generation: int, actor: Any, name: str, method: str,
+               args: tuple[Any, ...]) -> Any:
+    """``actor.method(*args)``, waited on through ``head``: a lost actor is a
+    `WorkerLostError` naming ``name``, and so is every call while the Ray head is lost or
+    when the actor belongs to an earlier runtime than ``generation``'s."""
+    head.check(generation)
+    try:
+        return head.get(getattr(actor, method).remote(*args), generation)
+    except LOST as exc:
+        raise WorkerLostError(f"{name} was lost ({type(exc).__name__})") from None
+
+
 class RemoteExecutor:
     """One engine worker, seen from the server.
 
@@ -110,18 +122,13 @@ class RemoteExecutor:
     def close(self) -> None:
         """End the actor (its resources go back to the Ray cluster); nothing to do when its
         runtime is gone."""
-        if self._generation == self._head.generation and self._head.problem is None:
+        if self._head.is_current(self._generation):
             ray.kill(self.actor, no_restart=True)
 
     def _call(self, method: str, *args: Any) -> Any:
-        """One call on the actor; a domain error it returned is raised, a lost actor is a
-        `WorkerLostError` (and so is every call while the Ray head is lost)."""
-        self._head.check(self._generation)
-        try:
-            value = self._head.get(getattr(self.actor, method).remote(*args), self._generation)
-        except LOST as exc:
-            raise WorkerLostError(f"engine worker {self.name} was lost "
-                                  f"({type(exc).__name__})") from None
+        """One call on the actor (`call_actor`); a domain error it returned is raised."""
+        value = call_actor(self._head, self._generation, self.actor,
+                           f"engine worker {self.name}", method, args)
         if isinstance(value, Raised):
             raise value.error
         return value

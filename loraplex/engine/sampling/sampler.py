@@ -146,7 +146,7 @@ class Sampler:
             for i in range(max_decode_steps):
                 if not self._running:
                     break
-                tenants = self._tenants_running()
+                tenants = self._tenants_running() if self._share.shared else set()
                 finished += self._decode()
                 if self._waiting or self._resume or self._partial is not None:
                     finished += self._prefill_waiting()
@@ -285,14 +285,14 @@ class Sampler:
         with nothing decoding prefills one short forward: another tenant's next request
         should not find a long one in progress."""
         self._min_piece = MIN_PREFILL_PIECE
-        if self._share.refresh(self._running, self._queued()):
-            if not self._running and spent == 0:
-                self._share.tick()  # a prefill-only forward is a step of the linger too
-            self._min_piece = max(1, min(MIN_PREFILL_PIECE, self._share.prefill_tokens))
-            limit = self._share.prefill_tokens - spent
-            return min(limit, self._prefill_per_step - self._prefilled) if self._running \
-                else limit
-        return None if not self._running else self._prefill_per_step - self._prefilled
+        limit = self._prefill_per_step - self._prefilled if self._running else None
+        if not self._share.refresh(self._running, self._queued()):
+            return limit
+        if not self._running and spent == 0:
+            self._share.tick()  # a prefill-only forward is a step of the linger too
+        self._min_piece = max(1, min(MIN_PREFILL_PIECE, self._share.prefill_tokens))
+        shared = self._share.prefill_tokens - spent
+        return shared if limit is None else min(limit, shared)
 
     def _plan_prefill(self, limit: int | None = None
                       ) -> tuple[list[PrefillItem], list[SampleOutcome]]:

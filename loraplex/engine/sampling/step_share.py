@@ -90,13 +90,13 @@ class StepShare:
                    ) -> list[SampleSequence]:
         """The running sequences that decode in this step (in ``running``'s order)."""
         self._step += 1
-        by_tenant: dict[str, list[SampleSequence]] = {}
-        for seq in running:
-            by_tenant.setdefault(seq.request.work.tenant, []).append(seq)
         if not self.refresh(running, queued):
             self._credit.clear()
             self._mark(running)
             return running
+        by_tenant: dict[str, list[SampleSequence]] = {}
+        for seq in running:
+            by_tenant.setdefault(seq.request.work.tenant, []).append(seq)
         self._credit = {t: c for t, c in self._credit.items() if t in by_tenant}
         chosen: set[int] = set()
         for tenant, seqs in by_tenant.items():
