@@ -15,6 +15,7 @@ import math
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -249,7 +250,8 @@ def encode_forward_backward(result: ForwardBackwardResult) -> bytes:
         ends = np.cumsum([0] + [4 * len(a) for a in per_datum], dtype="<i8")
         field.offsets = ends.tobytes()
     _put_metrics(msg.metrics, result.metrics)
-    return msg.SerializeToString()
+    encoded: bytes = msg.SerializeToString()
+    return encoded
 
 
 def encode_sample(result: SampleResult) -> bytes:
@@ -272,7 +274,8 @@ def encode_sample(result: SampleResult) -> bytes:
             shape=shape))
         msg.prompt_alt_tokens.logprobs.CopyFrom(pb.Tensor(
             dense=_f32_bytes(alt.logprobs), dtype=pb.DTYPE_FLOAT32, shape=shape))
-    return msg.SerializeToString()
+    encoded: bytes = msg.SerializeToString()
+    return encoded
 
 
 def _put_topk(out: pb.TopkLogprobs, topk: TopkLogprobs) -> None:
@@ -289,15 +292,15 @@ def _put_metrics(out: Mapping[str, float], metrics: Mapping[str, float]) -> None
         out[key] = float(value)  # type: ignore[index]
 
 
-def _f32_bytes(values: array) -> bytes:
+def _f32_bytes(values: array[float]) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
-def _i32_bytes(values: array) -> bytes:
+def _i32_bytes(values: array[int]) -> bytes:
     return np.asarray(values, dtype="<i4").tobytes()
 
 
-def _to_array(typecode: str, values: np.ndarray) -> array:
+def _to_array(typecode: str, values: np.ndarray) -> array[Any]:
     out = array(typecode)
     out.frombytes(np.ascontiguousarray(values).tobytes())
     return out

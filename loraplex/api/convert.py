@@ -141,7 +141,7 @@ def ttl_seconds(value: int | None, field: str = "ttl_seconds") -> int | None:
 
 def prompt_tokens(prompt: sdk.ModelInput, info: ModelInfo, field: str = "prompt",
                   limits: LimitsConfig | None = None, decoded: bool = False
-                  ) -> tuple[array, tuple[ImageInput, ...]]:
+                  ) -> tuple[array[int], tuple[ImageInput, ...]]:
     """A prompt's token array (each image a run of the model's placeholder token) and its
     images (`model_input`; ``decoded``: its images were decoded off the event loop already)."""
     text, chunks = prompt_chunks(prompt, field, limits or LimitsConfig(), decode=not decoded)

@@ -44,7 +44,7 @@ def checked_chunk(data: bytes, fmt: str, expected_tokens: int | None, at: int, f
 
 
 def placed(chunks: Sequence[ImageChunkIn], text: Sequence[int], info: ModelInfo
-           ) -> tuple[array, tuple[ImageInput, ...]]:
+           ) -> tuple[array[int], tuple[ImageInput, ...]]:
     """The full token array (each image's placeholder run inserted where it stood among the
     text tokens) and the images."""
     if chunks and (info.pixels is None or info.image_token_id is None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from loraplex.domain.image import ImageChunkIn, ImageInput
 
@@ -30,7 +30,7 @@ class TensorData:
 
     dtype: DType
     shape: tuple[int, ...]
-    data: array
+    data: array[Any]
 
     @property
     def numel(self) -> int:
@@ -76,7 +76,7 @@ class Datum:
             text tokens only while any are pending.
     """
 
-    tokens: array
+    tokens: array[int]
     loss_fn_inputs: Mapping[str, TensorData]
     model_input_spans: tuple[ProvenanceSpan, ...] = field(default=())
     loss_fn_input_spans: tuple[ProvenanceSpan, ...] = field(default=())

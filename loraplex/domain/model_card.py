@@ -259,7 +259,7 @@ class ModelCard:
         if self.moe is None:
             return dense * bytes_per_param
         miss = 1.0 - self.moe.top_k / self.moe.num_experts
-        touched = 1.0 - miss ** max(tokens_in_flight, 1.0)
+        touched: float = 1.0 - miss ** max(tokens_in_flight, 1.0)
         return (dense + self.routed_expert_params * touched) * bytes_per_param
 
     def kv_bytes_per_token(self, bytes_per_value: float = 2.0) -> float:

@@ -25,8 +25,8 @@ class ForwardBackwardResult:
             top-K cross-entropy targets ``[N, K]``, ``()`` otherwise.
     """
 
-    logprobs: tuple[array, ...]
-    elementwise_loss: tuple[array, ...]
+    logprobs: tuple[array[float], ...]
+    elementwise_loss: tuple[array[float], ...]
     metrics: Mapping[str, float]
     logprobs_trailing_shape: tuple[int, ...] = ()
 

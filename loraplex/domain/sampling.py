@@ -88,8 +88,8 @@ class TopkLogprobs:
 
     k: int
     length: int
-    token_ids: array  # typecode "i"
-    logprobs: array  # typecode "f"
+    token_ids: array[int]  # typecode "i"
+    logprobs: array[float]  # typecode "f"
 
 
 @dataclass(frozen=True)
@@ -101,16 +101,16 @@ class PromptAltTokens:
 
     k: int
     rows: int
-    tokens: array
-    logprobs: array
+    tokens: array[int]
+    logprobs: array[float]
 
 
 @dataclass(frozen=True)
 class SampledSequence:
     """One completion: tokens, the logprob of each under the sampling adapter, why it stopped."""
 
-    tokens: array  # typecode "i"
-    logprobs: array  # typecode "f"
+    tokens: array[int]  # typecode "i"
+    logprobs: array[float]  # typecode "f"
     stop_reason: StopReason
     topk_logprobs: TopkLogprobs | None = None
 
@@ -128,7 +128,7 @@ class SampleResult:
     """
 
     sequences: tuple[SampledSequence, ...]
-    prompt_logprobs: array | None = None
+    prompt_logprobs: array[float] | None = None
     topk_prompt_logprobs: TopkLogprobs | None = None
     prompt_cache_hit_tokens: int = 0
     prompt_alt_tokens: PromptAltTokens | None = None
@@ -156,6 +156,6 @@ class SequenceDelta:
     request_id: str
     index: int
     start: int
-    tokens: array
-    logprobs: array
+    tokens: array[int]
+    logprobs: array[float]
     topk_logprobs: TopkLogprobs | None = None

@@ -119,7 +119,7 @@ class SampleWork:
     request_id: str
     adapter_id: str | None
     adapter_dir: str | None
-    prompt: array
+    prompt: array[int]
     num_samples: int
     params: SamplingParams
     prompt_logprobs: bool = False

@@ -32,9 +32,9 @@ from loraplex.domain.results import (
     ForwardBackwardResult,
     LoadResult,
     OptimStepResult,
-    SampleResult,
     SaveResult,
 )
+from loraplex.domain.sampling import SampleResult
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.errors import LoraplexError, ServerError
 from loraplex.store.checkpoints import CheckpointStore

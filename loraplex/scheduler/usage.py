@@ -31,7 +31,8 @@ from loraplex.domain.ops import (
     SnapshotOp,
     WorkItem,
 )
-from loraplex.domain.results import ItemOutcome, SampleResult
+from loraplex.domain.results import ItemOutcome
+from loraplex.domain.sampling import SampleResult
 from loraplex.domain.usage import OpUsage, UsageCounts, UsageKey
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.errors import LoraplexError

@@ -60,7 +60,7 @@ def install(namespace: dict[str, Any], *, model: str, builtin: str, arch: str,
         shutil.copytree(builtin_model_dir(builtin), builtin_dir(str(data_dir), builtin))
         # One torch thread: with two, a Qwen3.5 adapter's LoRA weight gradients differ run to
         # run in the last bit on the packed-kernel path (MKL's GEMMs after the kernel's OpenMP
-        # regions; README "Not yet"), and these suites compare training runs bit for bit.
+        # regions; docs/security.md "Not yet"), and these suites compare training runs bit for bit.
         threads = torch.get_num_threads()
         ctx = fake_context(str(data_dir), models=(ModelSource(model, f"builtin:{builtin}"),),
                            client_config={"fwdbwd_max_chunk_len": 2}, executor="engine",

@@ -174,17 +174,17 @@ def test_slice_checks_name_whichever_source_set_the_value(tmp_path: Path) -> Non
         load_config(environ={"LORAPLEX_SERVER_MODELS": "a=x,a=y"})
 
 
-def test_the_readme_example_loads(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Configuration"):]
-    example = section[section.index("```toml") + len("```toml"):section.index("```\n", 8)]
+def test_the_documented_example_loads(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    start = page.index("```toml") + len("```toml")
+    example = page[start:page.index("```\n", start)]
     config = load_config(_file(tmp_path, example), environ={}).config
     assert config.scheduler.sample_share == 0.3
     assert config.server.metering.price_sheet == "tinker-2026-01-05"
 
 
 def test_the_documented_kernel_cache_variable_is_not_refused_as_config() -> None:
-    """README and `native_library` document ``LORAPLEX_KERNEL_CACHE``; the loader used to
+    """The docs and `native_library` document ``LORAPLEX_KERNEL_CACHE``; the loader used to
     refuse it as an unknown ``LORAPLEX_*`` variable, so ``loraplex serve`` exited with 2."""
     loaded = load_config(environ={"LORAPLEX_KERNEL_CACHE": "/tmp/kernels",
                                   "LORAPLEX_ENGINE_KV_CACHE_BLOCKS": "64"})
