@@ -14,11 +14,12 @@ from loraplex.config import EngineConfig
 from loraplex.engine.kernels.attention_kernel import attention_kernel
 from loraplex.engine.kernels.gemm_order import gemm_kernel
 from loraplex.engine.model.checkpoint import load_vision_weights, load_weights
+from loraplex.engine.model.compute_options import RANK_MULTIPLE, ComputeOptions
 from loraplex.engine.model.gguf_weights import gguf_file_of, load_gguf_weights
 from loraplex.engine.model.row_quantum import row_quantum
 from loraplex.engine.model.spec import ModelSpec
 from loraplex.engine.model.stage import Stage, plan_stages
-from loraplex.engine.model.transformer import RANK_MULTIPLE, ComputeOptions, Transformer
+from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.model.vision import VisionTower
 from loraplex.errors import user_error
 

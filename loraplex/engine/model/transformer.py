@@ -1,7 +1,8 @@
 """`Transformer`: the decoder of every supported family over packed rows, with LoRA and a paged
-KV cache (a mixture-of-experts layer's MLP is a `SparseMlp`, `moe`; a linear-attention layer's
-token mixer a `LinearAttention`, `linear_attention`; each attention layer runs the backend
-`attention_backend` chose for it).
+KV cache (a dense layer's MLP is a `DenseMlp`, `dense_mlp`, a mixture-of-experts layer's a
+`SparseMlp`, `moe`; a linear-attention layer's token mixer a `LinearAttention`,
+`linear_attention`; each attention layer runs the backend `attention_backend` chose for it; how
+it computes is its `ComputeOptions`, `compute_options`).
 
 One forward serves training (full forward over packed sequences, keys/values written to
 out-of-place scratch pages so autograd works), sampler prefill and one-token decode (keys/values
@@ -19,23 +20,23 @@ losses, optimizers, block allocation or tenants.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from loraplex.domain.image import ImageInput
 from loraplex.domain.model import ModelInfo
-from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear, GemmKernel
 from loraplex.engine.model.attention_backend import (
     AttentionBackend,
     LayerAttention,
     choose_backend,
 )
+from loraplex.engine.model.compute_options import RANK_MULTIPLE, ComputeOptions
 from loraplex.engine.model.delta_net import DeltaLayout
+from loraplex.engine.model.dense_mlp import DenseMlp
 from loraplex.engine.model.image_encoder import ImageEncoder
 from loraplex.engine.model.image_rows import ImageSpan
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
@@ -44,6 +45,7 @@ from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttenti
 from loraplex.engine.model.linear_attention_spec import LinearAttentionSpec
 from loraplex.engine.model.linear_states import LinearStates
 from loraplex.engine.model.lora_batch import LoraBatch
+from loraplex.engine.model.lora_linear import fused_lora_linear, lora_linear
 from loraplex.engine.model.moe import SHARED_TARGETS, SparseMlp
 from loraplex.engine.model.moe_dispatch import TokenRows
 from loraplex.engine.model.packed_batch import PackedBatch, SequenceInput, pack_sequences
@@ -62,53 +64,7 @@ from loraplex.errors import user_error
 #: output column depends on its weight row only, so the logits keep their bits.
 HEAD_CHUNK = 1024
 HEAD_CHUNK_MAX_ROWS = 256
-Recompute = Literal["none", "layer"]
 T = TypeVar("T")
-#: LoRA rank padding in batch-invariant mode: a GEMM's output width, where the row padding is
-#: its row count. MKL's sgemm gives a column other bits when the output is narrower than 16
-#: (`engine.lora.stacking`), so an r8 adapter pads to 16 whatever the row multiple.
-RANK_MULTIPLE = 16
-
-
-@dataclass(frozen=True)
-class ComputeOptions:
-    """How the forward computes (a slice of `EngineConfig`, resolved).
-
-    Attributes:
-        batch_invariant: pad GEMM rows to ``row_multiple`` and LoRA ranks to `RANK_MULTIPLE`
-            (bitwise results independent of the batch); False: compact rows. Attention is the
-            tiled paged kernel, except in fast mode on CUDA (SDPA over a dense gather); on CPU
-            the tiled kernel measured faster than SDPA for training and decode alike.
-        row_multiple: GEMM row padding in batch-invariant mode (the loader checks it on the
-            machine: `row_quantum`).
-        kv_block_size: keys per attention block and cache page.
-        gemm: the packed sgemm kernel for the base linears and the head, with the inner
-            dimensions at which it gives F.linear's bits on this machine (`gemm_order`);
-            None: F.linear everywhere.
-        attention: the C paged-attention kernel for every attention forward (CPU); None:
-            the tiled torch kernel's forward.
-        recompute: ``layer``: a training forward keeps each layer's input only and recomputes
-            the layer in the backward; ``none``: it keeps every activation.
-    """
-
-    batch_invariant: bool = True
-    row_multiple: int = 8
-    kv_block_size: int = 64
-    gemm: GemmKernel | None = None
-    attention: AttentionKernel | None = None
-    recompute: Recompute = "layer"
-
-    @property
-    def effective_row_multiple(self) -> int:
-        return self.row_multiple if self.batch_invariant else 1
-
-    def label(self, device: torch.device, dtype: torch.dtype) -> str:
-        """What decides the bits (`ModelInfo.compute`)."""
-        gemm = f"packed-{self.gemm.lanes}" if self.gemm is not None else "torch"
-        attention = f"native-{self.attention.lanes}" if self.attention is not None else "torch"
-        mode = f"invariant/{self.row_multiple}" if self.batch_invariant else "fast"
-        return (f"{device.type} {str(dtype).removeprefix('torch.')} {mode} gemm={gemm} "
-                f"attention={attention} torch={torch.__version__}")
 
 
 class Transformer:
@@ -136,8 +92,8 @@ class Transformer:
         self._linear = {layer: LinearAttention(_present_linear(spec), _present(
             weights.layers[layer].linear), layer, j, kernel, spec.rms_norm_eps)
             for j, layer in enumerate(spec.linear_layers)}
-        self._mlp_linears = {i: MlpLinears.of(weights.layers[i], kernel)
-                             for i in spec.dense_mlp_layers}
+        self._dense_mlps = {i: DenseMlp.of(weights.layers[i], kernel)
+                            for i in spec.dense_mlp_layers}
         # The vocabulary (the last pipeline stage's, or a whole model's).
         self._head: FrozenLinear | None = None
         self._head_chunks: tuple[torch.Tensor, ...] = ()
@@ -155,18 +111,12 @@ class Transformer:
             for i, a in self._attn_layers.items()}
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
-        self._sparse: dict[int, SparseMlp] = {}
-        if spec.experts is not None:
-            for j, layer in enumerate(spec.experts.sparse_layers):
-                experts = weights.layers[layer].experts
-                assert experts is not None
-                self._sparse[layer] = SparseMlp(spec.experts, experts, j,
-                                                options.effective_row_multiple, kernel)
+        self._sparse = _sparse_mlps(spec, weights, options.effective_row_multiple, kernel)
 
     def base_linears(self) -> list[FrozenLinear]:
         """The dense layers' base GEMMs as the forward runs them (q/k/v fused; gate/up fused
         where the packed kernel runs them), then the LM head."""
-        mlps = [linear for mlp in self._mlp_linears.values()
+        mlps = [linear for mlp in self._dense_mlps.values()
                 for linear in (*mlp.gate_up, mlp.down)]
         linear = [x for la in self._linear.values() for x in (la.in_proj, la.out_proj)]
         shared = [x for mlp in self._sparse.values() for x in (mlp.shared_linears or ())]
@@ -314,7 +264,7 @@ class Transformer:
         if sparse is not None:
             assert tokens is not None
             return x_R_D + sparse(h_R_D, tokens, lora)
-        return x_R_D + self._mlp(self._dense_index[i], i, h_R_D, lora)
+        return x_R_D + self._dense_mlps[i](h_R_D, lora, self._dense_index[i])
 
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
@@ -341,9 +291,9 @@ class Transformer:
                    sin: torch.Tensor, batch: PackedBatch, lora: LoraBatch | None,
                    kv: PagedKVCache | None) -> torch.Tensor:
         spec, rows, j = self.spec, h_R_D.shape[0], self._attn_index[i]
-        q, k, v = _fused_linear(h_R_D, self._qkv[i], self._fused[i].qkv_sizes, lora,
-                                ("q_proj", "k_proj", "v_proj"), j, (layer.q_bias, layer.k_bias,
-                                                                   layer.v_bias))
+        q, k, v = fused_lora_linear(h_R_D, self._qkv[i], self._fused[i].qkv_sizes, lora,
+                                    ("q_proj", "k_proj", "v_proj"), j,
+                                    (layer.q_bias, layer.k_bias, layer.v_bias))
         gate = None
         if spec.family.attention_gate:  # per head: [query, gate] (Qwen3.5)
             q, gate = q.view(rows, spec.num_heads, 2 * spec.head_dim).chunk(2, dim=-1)
@@ -370,66 +320,19 @@ class Transformer:
         out = self._backends[i](q, k_pages, v_pages, batch, self._attn_layers[i])
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        return _linear(out, self._o[i], lora, "o_proj", j, layer.o_bias)
-
-    def _mlp(self, i: int, layer: int, h_R_D: torch.Tensor,
-             lora: LoraBatch | None) -> torch.Tensor:
-        """Dense MLP of decoder layer ``layer``; ``i`` is its LoRA layer index (its index among
-        the dense layers)."""
-        mlp = self._mlp_linears[layer]
-        outs = (list(mlp.gate_up[0](h_R_D).split(mlp.sizes, dim=1)) if len(mlp.gate_up) == 1
-                else [linear(h_R_D) for linear in mlp.gate_up])
-        gate, up = outs if lora is None else lora.add_deltas(outs, h_R_D,
-                                                             ("gate_proj", "up_proj"), i)
-        return _linear(F.silu(gate) * up, mlp.down, lora, "down_proj", i)
+        return lora_linear(out, self._o[i], lora, "o_proj", j, layer.o_bias)
 
 
-@dataclass(frozen=True)
-class MlpLinears:
-    """A dense layer's MLP linears. ``gate_up``: one GEMM of gate and up stacked by rows
-    (``sizes`` rows each) when the packed kernel applies it, else the two."""
-
-    gate_up: tuple[FrozenLinear, ...]
-    sizes: tuple[int, int]
-    down: FrozenLinear
-
-    @staticmethod
-    def of(layer: LayerWeights, kernel: GemmKernel | None) -> MlpLinears:
-        """With the packed kernel, gate and up become one GEMM (the fields rebound to views of
-        it, as q/k/v); with MKL they stay two (fused, the ``16 × 576 → 3072`` decode GEMM
-        measured slower than two ``→ 1536`` ones)."""
-        assert layer.gate_proj is not None and layer.up_proj is not None
-        assert layer.down_proj is not None
-        sizes = (layer.gate_proj.shape[0], layer.up_proj.shape[0])
-        down = FrozenLinear(layer.down_proj, kernel)
-        if not FrozenLinear.packs(layer.gate_proj, kernel):  # nor the two stacked, then
-            return MlpLinears((FrozenLinear(layer.gate_proj, kernel),
-                               FrozenLinear(layer.up_proj, kernel)), sizes, down)
-        fused = FrozenLinear(torch.cat([layer.gate_proj, layer.up_proj]), kernel)
-        layer.gate_proj, layer.up_proj = fused.weight.split(sizes)
-        return MlpLinears((fused,), sizes, down)
-
-
-def _fused_linear(x_R_I: torch.Tensor, linear: FrozenLinear, sizes: tuple[int, ...],
-                  lora: LoraBatch | None, targets: tuple[str, ...], layer: int,
-                  biases: tuple[torch.Tensor | None, ...] = ()) -> list[torch.Tensor]:
-    """Linears sharing an input as one base GEMM (their weights stacked by rows), split into
-    each one's output (plus its bias, if any) plus its LoRA delta."""
-    outs = list(linear(x_R_I).split(sizes, dim=1))
-    if biases and biases[0] is not None:
-        outs = [y + b for y, b in zip(outs, biases, strict=True)]
-    if lora is None:
-        return outs
-    return lora.add_deltas(outs, x_R_I, targets, layer)
-
-
-def _linear(x_R_I: torch.Tensor, linear: FrozenLinear, lora: LoraBatch | None, target: str,
-            layer: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Base linear on all rows (plus its bias), plus the LoRA delta on the adapter rows."""
-    y_R_O = linear(x_R_I)
-    if bias is not None:
-        y_R_O = y_R_O + bias
-    return y_R_O if lora is None else lora.add_delta(y_R_O, x_R_I, target, layer)
+def _sparse_mlps(spec: ModelSpec, weights: BaseWeights, row_multiple: int,
+                 kernel: GemmKernel | None) -> dict[int, SparseMlp]:
+    """Each mixture-of-experts layer's `SparseMlp`, its LoRA layer index its place among them."""
+    sparse: dict[int, SparseMlp] = {}
+    if spec.experts is not None:
+        for j, layer in enumerate(spec.experts.sparse_layers):
+            experts = weights.layers[layer].experts
+            assert experts is not None
+            sparse[layer] = SparseMlp(spec.experts, experts, j, row_multiple, kernel)
+    return sparse
 
 
 def _present(value: T | None) -> T:

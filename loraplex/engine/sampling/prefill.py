@@ -4,12 +4,13 @@ of the positions it needs logits for, and those logits window by window.
 `prefill_hidden` runs the items' uncached tokens through the model (writing their KV pages) and
 keeps the hidden states of each item's `PrefillItem.head_positions` only; `head_windows` turns
 them into logits at most `rows_per_window` rows at a time, so an 8,192-token prompt whose
-logprobs are asked for never holds ``[8192 × vocab]``; `score_rows` turns scored positions'
+logprobs are asked for never holds ``[8192 × vocab]`` (`score_and_sample_rows` walks those
+windows, keeping each finished item's sampling row); `score_rows` turns scored positions'
 logits into logprobs with the training forward's arithmetic, and `score_prompt_window` adds
 a request's alternative draws (`SampleWork.prompt_alt_tokens_k`). A long prompt is prefilled
 in pieces (`PrefillItem.end`): each piece attends to the pages the earlier pieces wrote, with
 the same bits as one forward (attention computes each query row alone). Knows nothing about
-admission, page allocation or stopping (the `Sampler` decides those).
+admission, page allocation or stopping (`PrefillPlanner` and the `Sampler` decide those).
 """
 
 from __future__ import annotations
@@ -125,6 +126,29 @@ def head_windows(model: Transformer, stacks: LoraStacks, items: list[PrefillItem
         with torch.no_grad():
             head_R_D = head.scatter_to_rows(head_N_D[start:end])
             yield start, head.gather_from_rows(model.logits(head_R_D, stacks.for_batch(head)))
+
+
+def score_and_sample_rows(model: Transformer, stacks: LoraStacks, items: list[PrefillItem],
+                          head_N_D: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Score the items' prompt positions, one head window at a time; the logits row each
+    final item samples from, by item index."""
+    firsts, offset = [], 0
+    for it in items:
+        firsts.append(offset)
+        offset += len(it.head_positions)
+    sample_logits: dict[int, torch.Tensor] = {}
+    for w0, logits_W_V in head_windows(model, stacks, items, head_N_D):
+        w1 = w0 + logits_W_V.shape[0]
+        for i, (it, first) in enumerate(zip(items, firsts, strict=True)):
+            lo, hi = max(first, w0), min(first + it.num_scored_rows, w1)
+            if lo < hi:
+                score_prompt_window(it.seq.request, it.seq.tokens,
+                                    it.head_positions[lo - first:hi - first],
+                                    logits_W_V[lo - w0:hi - w0])
+            last = first + len(it.head_positions) - 1
+            if it.is_final and w0 <= last < w1:
+                sample_logits[i] = logits_W_V[last - w0].clone()
+    return sample_logits
 
 
 def score_prompt_window(request: SampleRequest, tokens: list[int], positions: range,

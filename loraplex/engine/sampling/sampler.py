@@ -9,18 +9,17 @@ copied, which is exact); across requests, full pages are found by hash (`BlockMa
 Memory: pages are taken as sequences grow; when none is free the most recently admitted
 sequence is preempted (pages released, recomputed later: bitwise the same in batch-invariant
 mode, and its random stream is counter-based), so running sequences are never corrupted.
-The prefill forward itself is `prefill`. Never loads an adapter (the engine makes requests'
-adapters resident before admitting them); knows nothing about HTTP, tenants, sequence ids or
-stability records.
+Which prompt work each prefill forward takes is `PrefillPlanner`'s; the prefill forward itself
+is `prefill`, each next token's draw and stop check `next_token`. Never loads an adapter (the
+engine makes requests' adapters resident before admitting them); knows nothing about HTTP,
+tenants, sequence ids or stability records.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -36,27 +35,15 @@ from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.kv_budget import kv_cache_blocks
 from loraplex.engine.sampling.kv_pool import KVPool
 from loraplex.engine.sampling.lora_stacks import AdapterVersions, LoraStacks
-from loraplex.engine.sampling.prefill import (
-    PrefillItem,
-    head_windows,
-    prefill_hidden,
-    score_prompt_window,
-)
-from loraplex.engine.sampling.random_stream import PROMPT_ALT_STREAM, stream_key, uniform
-from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence
+from loraplex.engine.sampling.next_token import draw_next_tokens, record_next_tokens
+from loraplex.engine.sampling.prefill import PrefillItem, prefill_hidden, score_and_sample_rows
+from loraplex.engine.sampling.prefill_planner import PrefillPlanner
+from loraplex.engine.sampling.random_stream import PROMPT_ALT_STREAM, stream_key
+from loraplex.engine.sampling.sequence import SampleRequest, SampleSequence, prefix_key
 from loraplex.engine.sampling.step_share import SHARED_STEPS_PER_CALL, StepShare
 from loraplex.engine.sampling.stop_rule import StopRule, StopStringMatcher
-from loraplex.engine.sampling.token_sampler import RowParams, sample_tokens
 from loraplex.engine.sampling.validation import SampleLimits, check_sample_work
 from loraplex.errors import LoraplexError, NotFoundError
-
-#: Prompt tokens per prefill forward (more waiting requests run in further forwards; a longer
-#: sequence is prefilled in pieces).
-MAX_PREFILL_TOKENS = 4096
-#: The smallest piece a long sequence is cut to when less of a forward's budget is left.
-MIN_PREFILL_PIECE = 512
-#: Prompts this short may be admitted past a sequence waiting for pages.
-SHORT_PROMPT = 512
 
 
 @dataclass
@@ -111,17 +98,13 @@ class Sampler:
         self._versions = AdapterVersions(bank)
         self._stacks = LoraStacks(bank, self._versions, model.rank_multiple, model.dtype)
         self._requests: dict[str, SampleRequest] = {}
-        self._waiting: deque[SampleRequest] = deque()  # admitted, prompt not yet computed
-        self._resume: deque[SampleSequence] = deque()  # preempted, to be recomputed
-        self._partial: PrefillItem | None = None  # a long sequence's piece in progress
         self._running: list[SampleSequence] = []  # (re)admission order: last = newest
         self._num_admitted = 0
-        self._prefill_per_step = max(MIN_PREFILL_PIECE, config.sample_prefill_tokens_per_step)
-        self._prefilled = 0  # prompt tokens computed in the current step
         self._share = StepShare(config.sample_shared_decode_kv_tokens,
                                 config.sample_shared_prefill_tokens,
                                 config.sample_shared_linger_steps)
-        self._min_piece = MIN_PREFILL_PIECE  # the shortest piece `_cut` makes now
+        self._planner = PrefillPlanner(self.pool, self._versions, self._share,
+                                       config.sample_prefill_tokens_per_step)
         self.stats = SamplerStats()
 
     # ---- public surface ------------------------------------------------------------------
@@ -135,7 +118,7 @@ class Sampler:
         unexpected exception (a bug) drops every request and the prefix cache, then propagates.
         """
         finished: list[SampleOutcome] = []
-        self._prefilled = 0
+        self._planner.prefilled = 0
         try:
             for work in admit:
                 rejected = self._admit(work)
@@ -148,7 +131,7 @@ class Sampler:
                     break
                 tenants = self._tenants_running() if self._share.shared else set()
                 finished += self._decode()
-                if self._waiting or self._resume or self._partial is not None:
+                if self._planner.has_work:
                     finished += self._prefill_waiting()
                 if self._share.shared and (i + 1 >= SHARED_STEPS_PER_CALL
                                            or tenants - self._tenants_running()):
@@ -220,7 +203,7 @@ class Sampler:
                 seq.stop_reason = "length"
             return work.request_id, request.result()
         self._requests[work.request_id] = request
-        self._waiting.append(request)
+        self._planner.waiting.append(request)
         return None
 
     def _fail_lost_adapters(self) -> list[SampleOutcome]:
@@ -241,11 +224,7 @@ class Sampler:
             self.pool.release(seq)
         members = set(request.sequences)
         self._running = [s for s in self._running if s not in members]
-        self._resume = deque(s for s in self._resume if s not in members)
-        if request in self._waiting:
-            self._waiting.remove(request)
-        if self._partial is not None and self._partial.seq.request is request:
-            self._partial = None
+        self._planner.drop(request)
         del self._requests[request.work.request_id]
         return request.work.request_id, error
 
@@ -255,9 +234,7 @@ class Sampler:
         self._stacks = LoraStacks(self._bank, self._versions, self._model.rank_multiple,
                                   self._model.dtype)
         self._requests.clear()
-        self._waiting.clear()
-        self._resume.clear()
-        self._partial = None
+        self._planner.reset()
         self._running = []
 
     # ---- prefill -------------------------------------------------------------------------
@@ -269,125 +246,16 @@ class Sampler:
         finished: list[SampleOutcome] = []
         spent = 0
         while True:
-            limit = self._prefill_limit(spent)
-            items, aborted = self._plan_prefill(limit)  # spent: short prompts only
-            finished += aborted
+            limit = self._planner.limit(self._running, spent)
+            # A spent limit still takes short prompts (`PrefillPlanner.plan`).
+            items, rejected = self._planner.plan(len(self._running), limit)
+            finished += [self._abort(request, error) for request, error in rejected]
             if not items:
                 return finished
             computed = sum(it.stop - it.start for it in items)
-            self._prefilled += computed
+            self._planner.prefilled += computed
             spent += computed
             finished += self._run_prefill(items)
-
-    def _prefill_limit(self, spent: int) -> int | None:
-        """Prompt tokens the next prefill forward may compute (None: no bound); sets the
-        shortest piece a long prompt is cut to. While tenants share the sampler even a step
-        with nothing decoding prefills one short forward: another tenant's next request
-        should not find a long one in progress."""
-        self._min_piece = MIN_PREFILL_PIECE
-        limit = self._prefill_per_step - self._prefilled if self._running else None
-        if not self._share.refresh(self._running, self._queued()):
-            return limit
-        if not self._running and spent == 0:
-            self._share.tick()  # a prefill-only forward is a step of the linger too
-        self._min_piece = max(1, min(MIN_PREFILL_PIECE, self._share.prefill_tokens))
-        shared = self._share.prefill_tokens - spent
-        return shared if limit is None else min(limit, shared)
-
-    def _plan_prefill(self, limit: int | None = None
-                      ) -> tuple[list[PrefillItem], list[SampleOutcome]]:
-        """Pick and allocate the next prefill forward's sequences (the admission policy), and
-        the requests aborted on the way (their adapter is gone).
-
-        A sequence is admitted when its pages fit while leaving one free page per running
-        sequence (each may need one for its next token); a sequence that does not fit blocks
-        the longer prompts behind it, so admission stays FIFO among them, while requests of at
-        most `SHORT_PROMPT` tokens may pass it (a short sample beside a heavy sampler waits
-        for a few pages, not for the heavy requests to finish). A forward takes about
-        `MAX_PREFILL_TOKENS`: a sequence with more uncomputed tokens than that is prefilled in
-        pieces, one per forward (the piece in progress goes first). Fresh requests whose
-        adapter version and prompt equal an item of this forward fork from it instead of
-        computing anything. ``limit``: at most this many tokens (pieces cut to fit); prompts
-        of at most `SHORT_PROMPT` tokens are taken past it (they cost little and would
-        otherwise wait a whole step behind a long prompt's pieces).
-        """
-        items: list[PrefillItem] = []
-        aborted: list[SampleOutcome] = []
-        parents: dict[tuple[str, tuple[int, ...]], PrefillItem] = {}
-        budget = MAX_PREFILL_TOKENS if limit is None else min(MAX_PREFILL_TOKENS, limit)
-        strict = limit is not None
-        reserve = len(self._running)
-        if self._partial is not None and budget > 0:
-            item, self._partial = self._partial.rest(), None
-            items.append(self._cut(item, budget, strict))
-            if not items[-1].is_final:
-                return items, aborted
-            budget -= item.stop - item.start
-            reserve += item.seq.request.work.num_samples
-        blocked = False  # a sequence ahead did not fit: only short prompts may pass it
-        while self._resume and budget > 0:
-            seq = self._resume[0]
-            if not self.pool.try_allocate(seq, len(seq.tokens) - 1, 0, reserve):
-                blocked = True
-                break
-            self._resume.popleft()
-            items.append(self._cut(PrefillItem(seq, seq.num_computed,
-                                               first_scored=len(seq.tokens)), budget, strict))
-            budget -= items[-1].stop - items[-1].start
-            reserve += 1
-            if not items[-1].is_final:
-                return items, aborted
-        for request in list(self._waiting):
-            if (blocked or budget <= 0) and request.num_prompt > SHORT_PROMPT:
-                continue
-            try:
-                request.adapter_key = prefix_key(self._versions.key(request.work.adapter_id),
-                                                 request.work)
-            except LoraplexError as exc:
-                aborted.append(self._abort(request, exc))
-                continue
-            group = (request.adapter_key, tuple(request.work.prompt))
-            parent = parents.get(group) if request.first_head == request.num_prompt else None
-            if parent is not None:
-                if not self.pool.try_fork(parent.seq, request.sequences, reserve):
-                    blocked = True
-                    continue
-                parent.forks.extend(request.sequences)
-                request.cache_hit_tokens = request.num_prompt
-            else:
-                seq, forks = request.sequences[0], request.sequences[1:]
-                if not self.pool.try_allocate(seq, request.first_head - 1, len(forks),
-                                              reserve):
-                    blocked = True
-                    continue
-                self.pool.try_fork(seq, forks, 0)
-                item = self._cut(PrefillItem(seq, seq.num_computed, list(forks),
-                                             request.first_head), budget, strict)
-                items.append(item)
-                parents.setdefault(group, item)
-                request.cache_hit_tokens = seq.num_computed
-                budget -= item.stop - item.start
-            self._waiting.remove(request)
-            reserve += request.work.num_samples
-            if not items[-1].is_final:
-                break
-        return items, aborted
-
-    def _cut(self, item: PrefillItem, budget: int, strict: bool = False) -> PrefillItem:
-        """``item`` as a piece of at most ``max(budget, MIN_PREFILL_PIECE)`` tokens (while
-        several tenants sample, the `StepShare` prefill budget instead of the minimum) when it has
-        more than `MAX_PREFILL_TOKENS` (``strict``: more than ``budget``); it then stays in
-        progress (`_partial`)."""
-        remaining = item.stop - item.start
-        if strict and budget <= 0:
-            # A short prompt taken past a spent budget: whole (a piece would be a second
-            # partial, and the one in progress would be dropped).
-            return item
-        piece = max(budget, self._min_piece)
-        if remaining <= (piece if strict else MAX_PREFILL_TOKENS):
-            return item
-        item.end = item.start + piece
-        return item
 
     def _run_prefill(self, items: list[PrefillItem]) -> list[SampleOutcome]:
         """One forward over the items' pieces; score prompts window by window; sample the
@@ -406,11 +274,11 @@ class Sampler:
                 for seq in it.forks:
                     seq.num_computed = it.seq.num_computed
             else:
-                self._partial = it
+                self._planner.partial = it
         self.pool.copy_partial_pages([(it.seq, f) for it in items if it.is_final
                                       for f in it.forks])
         sample_logits = ({} if head_N_D is None
-                         else self._score_and_sample_rows(items, head_N_D))
+                         else score_and_sample_rows(self._model, self._stacks, items, head_N_D))
         finished: list[SampleOutcome] = []
         samplers: list[SampleSequence] = []
         rows: list[torch.Tensor] = []
@@ -429,28 +297,6 @@ class Sampler:
             finished += self._take_tokens(samplers, torch.stack(rows) if rows else None)
         return finished
 
-    def _score_and_sample_rows(self, items: list[PrefillItem], head_N_D: torch.Tensor
-                               ) -> dict[int, torch.Tensor]:
-        """Score the items' prompt positions, one head window at a time; the logits row each
-        final item samples from, by item index."""
-        firsts, offset = [], 0
-        for it in items:
-            firsts.append(offset)
-            offset += len(it.head_positions)
-        sample_logits: dict[int, torch.Tensor] = {}
-        for w0, logits_W_V in head_windows(self._model, self._stacks, items, head_N_D):
-            w1 = w0 + logits_W_V.shape[0]
-            for i, (it, first) in enumerate(zip(items, firsts, strict=True)):
-                lo, hi = max(first, w0), min(first + it.num_scored_rows, w1)
-                if lo < hi:
-                    score_prompt_window(it.seq.request, it.seq.tokens,
-                                        it.head_positions[lo - first:hi - first],
-                                        logits_W_V[lo - w0:hi - w0])
-                last = first + len(it.head_positions) - 1
-                if it.is_final and w0 <= last < w1:
-                    sample_logits[i] = logits_W_V[last - w0].clone()
-        return sample_logits
-
     # ---- decode --------------------------------------------------------------------------
 
     def _decode(self) -> list[SampleOutcome]:
@@ -458,7 +304,7 @@ class Sampler:
         `StepShare` picks) feeds its last token, then samples."""
         self._grow_tables()
         self.pool.prepare_forward()
-        seqs = self._share.decode_set(self._running, self._queued())
+        seqs = self._share.decode_set(self._running, self._planner.queued())
         model = self._model
         batch = model.pack([SequenceInput([s.tokens[-1]], s.request.work.adapter_id,
                                           s.num_computed, s.block_table, state_key=s,
@@ -481,11 +327,6 @@ class Sampler:
     def _tenants_running(self) -> set[str]:
         return {seq.request.work.tenant for seq in self._running}
 
-    def _queued(self) -> list[SampleRequest]:
-        """Requests with prompt tokens still to compute (`StepShare` counts their tenants)."""
-        partial = [self._partial.seq.request] if self._partial is not None else []
-        return [*self._waiting, *partial, *(seq.request for seq in self._resume)]
-
     def _layers(self, batch: PackedBatch, lora: LoraBatch | None) -> torch.Tensor | None:
         """The forward's hidden states; None on a pipeline stage before the last (it runs
         its layers and passes them on)."""
@@ -506,64 +347,19 @@ class Sampler:
                 self.stats.preempted += 1
                 victim = self._running.pop()
                 self.pool.release(victim)
-                self._resume.appendleft(victim)
+                self._planner.resume.appendleft(victim)
             else:
                 self.pool.grow(seq)
                 i += 1
 
     # ---- per-token bookkeeping -----------------------------------------------------------
 
-    def _sample(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor | None
-                ) -> tuple[list[int], list[float], list[list[int]] | None,
-                           list[list[float]] | None]:
-        """One token per sequence from its logits row (on the last pipeline stage; the others
-        receive its draw): tokens, logprobs, top ids and logprobs."""
-        if logits_B_V is None:
-            assert self._pipe is not None
-            drawn: Any = self._pipe.from_last()
-            return drawn
-        params = RowParams.build(
-            [s.request.work.params.temperature for s in seqs],
-            [s.request.work.params.top_k for s in seqs],
-            [s.request.work.params.top_p for s in seqs],
-            [uniform(s.stream, s.num_completion) for s in seqs],
-            [s.request.work.topk_sample_logprobs for s in seqs], logits_B_V.device)
-        sampled = sample_tokens(logits_B_V, params)
-        out = (sampled.tokens_B.tolist(), sampled.logprobs_B.tolist(),
-               sampled.topk_ids_B_K.tolist() if sampled.topk_ids_B_K is not None else None,
-               (sampled.topk_logprobs_B_K.tolist()
-                if sampled.topk_logprobs_B_K is not None else None))
-        if self._pipe is not None:
-            self._pipe.from_last(out)
-        return out
-
     def _take_tokens(self, seqs: list[SampleSequence], logits_B_V: torch.Tensor | None
                      ) -> list[SampleOutcome]:
         """Sample one token per sequence, record it, and stop the sequences that are done;
         the requests that finished with them."""
-        tokens, logprobs, top_ids, top_lps = self._sample(seqs, logits_B_V)
-        stopped: list[tuple[SampleSequence, StopReason]] = []
-        check_strings: list[SampleSequence] = []
-        for b, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
-            seq.tokens.append(token)
-            seq.logprobs.append(logprobs[b])
-            k = seq.request.work.topk_sample_logprobs
-            if k and top_ids is not None and top_lps is not None:
-                seq.topk_ids.append(top_ids[b][:k])
-                seq.topk_logprobs.append(top_lps[b][:k])
-            if token in seq.request.stop.token_ids:
-                stopped.append((seq, "stop"))
-            elif seq.request.stop.strings:
-                check_strings.append(seq)
-            elif seq.num_completion >= seq.request.max_new:
-                stopped.append((seq, "length"))
-        matched = self._stop_strings.matches([s.completion for s in check_strings],
-                                             [s.request.stop for s in check_strings])
-        for seq, is_match in zip(check_strings, matched, strict=True):
-            if is_match:
-                stopped.append((seq, "stop"))
-            elif seq.num_completion >= seq.request.max_new:
-                stopped.append((seq, "length"))
+        stopped = record_next_tokens(seqs, draw_next_tokens(seqs, logits_B_V, self._pipe),
+                                     self._stop_strings)
         finished = [o for seq, reason in stopped if (o := self._finish(seq, reason)) is not None]
         self._running = [s for s in self._running if s.stop_reason is None]
         return finished
@@ -586,11 +382,3 @@ def _sequence_rows(logits_R_V: torch.Tensor, row_start: tuple[int, ...]) -> torc
     if row_start == tuple(range(len(row_start))):
         return logits_R_V[:len(row_start)]
     return logits_R_V.index_select(0, torch.tensor(row_start, device=logits_R_V.device))
-
-
-def prefix_key(adapter_key: str, work: SampleWork) -> str:
-    """A request's prefix-cache key: its adapter version's, and its images' digests (equal
-    placeholder tokens of other images must never share pages)."""
-    if not work.images:
-        return adapter_key
-    return adapter_key + "|images:" + ",".join(i.digest for i in work.images)

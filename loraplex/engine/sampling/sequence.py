@@ -5,6 +5,7 @@ sequence has the KV of every token but the last sampled one (``num_computed == l
 the next forward feeds that token and yields the logits of the next. A preempted sequence keeps
 its tokens, logprobs and random stream and drops its blocks (``num_computed == 0``); resuming
 recomputes its KV (bitwise the same in batch-invariant mode), mostly from the prefix cache.
+`prefix_key` is the key a request's pages are cached under.
 """
 
 from __future__ import annotations
@@ -196,3 +197,11 @@ class SampleRequest:
                                   self.alt_logprobs)
         return SampleResult(tuple(s.result() for s in self.sequences), self.prompt_logprobs,
                             self.topk_prompt, self.cache_hit_tokens, alt)
+
+
+def prefix_key(adapter_key: str, work: SampleWork) -> str:
+    """A request's prefix-cache key: its adapter version's, and its images' digests (equal
+    placeholder tokens of other images must never share pages)."""
+    if not work.images:
+        return adapter_key
+    return adapter_key + "|images:" + ",".join(i.digest for i in work.images)

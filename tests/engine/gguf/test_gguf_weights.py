@@ -16,12 +16,13 @@ from loraplex.cli.model_sources import resolve_source
 from loraplex.engine.builtin.tokenizer import build_tokenizer
 from loraplex.engine.gguf.config import hf_config_dict
 from loraplex.engine.gguf.model_dir import ensure_gguf_model_dir
+from loraplex.engine.model.compute_options import ComputeOptions
 from loraplex.engine.model.gguf_index import GGUFIndex
 from loraplex.engine.model.gguf_weights import load_gguf_weights, open_reader
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec
-from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.engine.model.transformer import Transformer
 from loraplex.errors import UserError
 from tests.engine.gguf.gguf_files import random_k_blocks, write_gguf
 

@@ -8,9 +8,10 @@ import torch
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.adapter import LoraAdapter
 from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.model.compute_options import ComputeOptions
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
-from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.model.weights import random_weights
 from loraplex.errors import ConflictError, NotFoundError, UserError
 

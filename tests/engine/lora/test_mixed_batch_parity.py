@@ -7,9 +7,10 @@ import torch
 
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.model.compute_options import ComputeOptions
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
-from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.model.weights import random_weights
 
 SPEC = ModelSpec(arch="qwen3", vocab_size=128, hidden_size=64, intermediate_size=96,

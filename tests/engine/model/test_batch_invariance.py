@@ -24,12 +24,13 @@ from loraplex.engine.kernels.attention_kernel import AttentionKernel, attention_
 from loraplex.engine.kernels.gemm_order import gemm_kernel
 from loraplex.engine.kernels.packed_linear import GemmKernel
 from loraplex.engine.lora.bank import AdapterBank
+from loraplex.engine.model.compute_options import ComputeOptions
 from loraplex.engine.model.kv_cache import PagedKVCache
 from loraplex.engine.model.loader import base_inner_dims
 from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
-from loraplex.engine.model.transformer import ComputeOptions, Transformer
+from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.model.weights import random_weights
 from tests.engine.threads import one_thread  # noqa: F401  (autouse; 2 threads: see below)
 

@@ -95,11 +95,11 @@ def test_same_seed_same_draws_alone_among_64_sequences_and_with_other_outputs(
 
 def test_a_prompt_prefilled_in_pieces_and_head_windows_draws_the_same_bits(
         rig: Rig, monkeypatch) -> None:
-    from loraplex.engine.sampling import prefill, sampler
+    from loraplex.engine.sampling import prefill, prefill_planner
 
     whole = ok(run(rig.sampler(), [alt_work()])["alt"])
-    monkeypatch.setattr(sampler, "MAX_PREFILL_TOKENS", 32)
-    monkeypatch.setattr(sampler, "MIN_PREFILL_PIECE", 16)
+    monkeypatch.setattr(prefill_planner, "MAX_PREFILL_TOKENS", 32)
+    monkeypatch.setattr(prefill_planner, "MIN_PREFILL_PIECE", 16)
     monkeypatch.setattr(prefill, "rows_per_window", lambda *_: 7)
     pieces = ok(run(rig.sampler(), [alt_work()])["alt"])
     assert whole.prompt_alt_tokens == pieces.prompt_alt_tokens

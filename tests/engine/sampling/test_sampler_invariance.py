@@ -109,10 +109,10 @@ def test_a_long_prompt_prefilled_in_pieces_scores_as_the_training_forward(
     """A prompt longer than a prefill forward's budget runs in pieces, its head rows in
     windows; its prompt logprobs (and top-2), first tokens and completions are the training
     forward's bits, beside a short request of the same step."""
-    from loraplex.engine.sampling import prefill, sampler
+    from loraplex.engine.sampling import prefill, prefill_planner
 
-    monkeypatch.setattr(sampler, "MAX_PREFILL_TOKENS", 256)
-    monkeypatch.setattr(sampler, "MIN_PREFILL_PIECE", 64)
+    monkeypatch.setattr(prefill_planner, "MAX_PREFILL_TOKENS", 256)
+    monkeypatch.setattr(prefill_planner, "MIN_PREFILL_PIECE", 64)
     monkeypatch.setattr(prefill, "rows_per_window", lambda *_: 96)
     gen = torch.Generator().manual_seed(5)
     long_prompt = random_tokens(gen, 900)
