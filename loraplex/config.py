@@ -21,6 +21,14 @@ DEFAULT_MODEL_NAME = "Qwen/Qwen3-8B"
 Qwen3 repo id, so the SDK's and the cookbook's tokenizer and renderer lookups accept it."""
 
 
+def _check_at_least_one(config: object, *names: str) -> None:
+    """Raise `UserError` naming the first of ``names`` whose value on ``config`` is below 1."""
+    for name in names:
+        value = getattr(config, name)
+        if value < 1:
+            raise user_error(name, f"must be at least 1, got {value}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Compute settings.
@@ -112,9 +120,7 @@ class EngineConfig:
         if self.sample_shared_linger_steps < 0:
             raise user_error("sample_shared_linger_steps",
                              f"must be ≥ 0, got {self.sample_shared_linger_steps}")
-        if self.sample_shared_prefill_tokens < 1:
-            raise user_error("sample_shared_prefill_tokens",
-                             f"must be at least 1, got {self.sample_shared_prefill_tokens}")
+        _check_at_least_one(self, "sample_shared_prefill_tokens")
 
 
 @dataclass(frozen=True)
@@ -188,18 +194,15 @@ class SchedulerConfig:
     latency_fair_floor_tokens: int = 128
 
     def __post_init__(self) -> None:
-        if self.token_budget < 1:
-            raise user_error("token_budget", f"must be at least 1, got {self.token_budget}")
+        _check_at_least_one(self, "token_budget")
         if not 0 < self.sample_max_tenant_share <= 1:
             raise user_error("sample_max_tenant_share",
                              f"must be in (0, 1], got {self.sample_max_tenant_share}")
         for name in ("sample_anticipation_s", "sample_anticipation_cycle_fraction"):
             if not 0 <= getattr(self, name) <= 1:
                 raise user_error(name, f"must be in [0, 1], got {getattr(self, name)}")
-        for name in ("decode_steps_per_cycle", "stream_decode_steps",
-                     "sample_prefill_tokens_per_step"):
-            if getattr(self, name) < 1:
-                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
+        _check_at_least_one(self, "decode_steps_per_cycle", "stream_decode_steps",
+                            "sample_prefill_tokens_per_step")
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,7 @@ class ModelSource:
 @dataclass(frozen=True)
 class LimitsConfig:
     """Request bounds, checked before anything is allocated (``loraplex.api.body`` and the
-    codec apply them; the table in the README lists them).
+    codec apply them; the table in docs/limits.md lists them).
 
     Attributes:
         max_body_bytes: largest request body read (HTTP 413 beyond; the SDK's own chunking
@@ -286,10 +289,9 @@ class LimitsConfig:
     max_image_bytes: int = 32 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_decompressed_bytes", "max_tensor_elements",
-                     "max_request_elements", "max_image_pixels", "max_image_bytes"):
-            if getattr(self, name) < 1:
-                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
+        _check_at_least_one(self, "max_body_bytes", "max_decompressed_bytes",
+                            "max_tensor_elements", "max_request_elements", "max_image_pixels",
+                            "max_image_bytes")
 
 
 @dataclass(frozen=True)
@@ -314,10 +316,8 @@ class QuotaConfig:
     max_custom_losses_per_session: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("max_training_runs", "max_checkpoint_bytes", "max_unfetched_result_bytes",
-                     "max_custom_losses_per_session"):
-            if getattr(self, name) < 1:
-                raise user_error(name, f"must be at least 1, got {getattr(self, name)}")
+        _check_at_least_one(self, "max_training_runs", "max_checkpoint_bytes",
+                            "max_unfetched_result_bytes", "max_custom_losses_per_session")
 
 
 @dataclass(frozen=True)

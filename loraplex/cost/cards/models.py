@@ -69,6 +69,19 @@ def _qwen3_5(repo: str, num_layers: int, hidden_size: int, num_heads: int, num_k
         source=f"huggingface.co/{repo} config.json {_QWEN3_5_FIELDS}")
 
 
+def _gpt_oss(repo: str, num_layers: int, num_experts: int, weight_bytes_per_param: float,
+             fields: str) -> ModelCard:
+    """A gpt-oss card: width 2880, 64 query heads of 64 over 8 KV heads, top-4 experts of 2880,
+    the 201,088-token vocabulary; half the layers attend to a 128-token window."""
+    return ModelCard(
+        name=repo, num_layers=num_layers, hidden_size=2880, num_heads=64, num_kv_heads=8,
+        head_dim=64, intermediate_size=2880, vocab_size=201088,
+        moe=MoeSpec(num_experts=num_experts, top_k=4, expert_intermediate_size=2880),
+        sliding_window=128, num_sliding_layers=num_layers // 2,
+        weight_bytes_per_param=weight_bytes_per_param,
+        source=f"huggingface.co/{repo} config.json: {fields}")
+
+
 def _kimi_k2(repo: str, weight_bytes_per_param: float, dtype_note: str) -> ModelCard:
     return ModelCard(
         name=repo, num_layers=61, hidden_size=7168, num_heads=64, num_kv_heads=64, head_dim=128,
@@ -114,24 +127,13 @@ MODEL_CARDS: dict[str, ModelCard] = {card.name: card for card in (
         source=f"huggingface.co/deepseek-ai/DeepSeek-V3 config.json: {_DEEPSEEK_FIELDS}; "
                "FP8 weights; the multi-token-prediction layer (num_nextn_predict_layers) is not "
                "counted (it is not used for sampling or training here)"),
-    ModelCard(
-        name="openai/gpt-oss-120b", num_layers=36, hidden_size=2880, num_heads=64,
-        num_kv_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
-        moe=MoeSpec(num_experts=128, top_k=4, expert_intermediate_size=2880),
-        sliding_window=128, num_sliding_layers=18,
-        # MXFP4 experts (4.25 bits) and bf16 attention/embeddings: ~65 GB for 117B weights.
-        weight_bytes_per_param=0.56,
-        source="huggingface.co/openai/gpt-oss-120b config.json: hidden_size, "
-               "intermediate_size, num_hidden_layers, num_attention_heads, "
-               "num_key_value_heads, head_dim, num_local_experts, num_experts_per_tok, "
-               "vocab_size, sliding_window, layer_types (alternating sliding/full)"),
-    ModelCard(
-        name="openai/gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64,
-        num_kv_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
-        moe=MoeSpec(num_experts=32, top_k=4, expert_intermediate_size=2880),
-        sliding_window=128, num_sliding_layers=12, weight_bytes_per_param=0.6,
-        source="huggingface.co/openai/gpt-oss-20b config.json: the 120b's fields (24 layers, "
-               "32 experts); MXFP4 experts: ~13 GB for 21B weights"),
+    # MXFP4 experts (4.25 bits) and bf16 attention/embeddings: ~65 GB for 117B weights.
+    _gpt_oss("openai/gpt-oss-120b", 36, 128, 0.56,
+             "hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+             "num_key_value_heads, head_dim, num_local_experts, num_experts_per_tok, "
+             "vocab_size, sliding_window, layer_types (alternating sliding/full)"),
+    _gpt_oss("openai/gpt-oss-20b", 24, 32, 0.6,
+             "the 120b's fields (24 layers, 32 experts); MXFP4 experts: ~13 GB for 21B weights"),
     _qwen3_5("Qwen/Qwen3.5-4B", 32, 2560, 16, 4, 9216, 32, tied=True),
     _qwen3_5("Qwen/Qwen3.5-27B", 64, 5120, 24, 4, 17408, 48),
     _qwen3_5("Qwen/Qwen3.6-27B", 64, 5120, 24, 4, 17408, 48),

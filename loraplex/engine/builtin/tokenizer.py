@@ -118,35 +118,30 @@ class TokenizerFamily:
     chat_template: str
 
 
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN_VISION_SPECIAL = (*QWEN_SPECIAL, "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                       "<|video_pad|>")
+QWEN_THINK = ("<think>", "</think>")
+
+
+def qwen_family(special: tuple[str, ...], added: tuple[str, ...],
+                chat_template: str) -> TokenizerFamily:
+    """A Qwen tokenizer: Qwen's split pattern and chat-token roles, with these tokens."""
+    return TokenizerFamily(
+        regex=QWEN_REGEX, special=special, added=added,
+        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        generation_eos=("<|im_end|>", "<|endoftext|>"),
+        chat_template=chat_template,
+    )
+
+
 TOKENIZER_FAMILIES = {
-    "qwen3": TokenizerFamily(
-        regex=QWEN_REGEX,
-        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        added=("<think>", "</think>"),
-        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-        generation_eos=("<|im_end|>", "<|endoftext|>"),
-        chat_template=QWEN_CHAT_TEMPLATE,
-    ),
+    "qwen3": qwen_family(QWEN_SPECIAL, QWEN_THINK, QWEN_CHAT_TEMPLATE),
     # Qwen3-VL: Qwen3's tokens plus the vision markers (images stand as <|image_pad|> runs).
-    "qwen3_vl": TokenizerFamily(
-        regex=QWEN_REGEX,
-        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                 "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
-        added=("<think>", "</think>"),
-        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-        generation_eos=("<|im_end|>", "<|endoftext|>"),
-        chat_template=QWEN_CHAT_TEMPLATE,
-    ),
+    "qwen3_vl": qwen_family(QWEN_VISION_SPECIAL, QWEN_THINK, QWEN_CHAT_TEMPLATE),
     # Qwen3.5: Qwen's chat tokens plus its vision and tool tokens (the template: see above).
-    "qwen3_5": TokenizerFamily(
-        regex=QWEN_REGEX,
-        special=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                 "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
-        added=("<think>", "</think>", "<tool_call>", "</tool_call>"),
-        bos=None, eos="<|im_end|>", pad="<|endoftext|>",
-        generation_eos=("<|im_end|>", "<|endoftext|>"),
-        chat_template=QWEN3_5_CHAT_TEMPLATE,
-    ),
+    "qwen3_5": qwen_family(QWEN_VISION_SPECIAL, (*QWEN_THINK, "<tool_call>", "</tool_call>"),
+                           QWEN3_5_CHAT_TEMPLATE),
     # gpt-oss: the Harmony format's tokens (the template: see above).
     "harmony": TokenizerFamily(
         regex=QWEN_REGEX,

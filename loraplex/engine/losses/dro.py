@@ -17,19 +17,17 @@ import torch
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.ratio import (
-    active_positions,
     loss_output,
     masked_log_ratio,
     masked_mean,
+    policy_positions,
 )
 
 
 def dro(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:
     """−Σ (logp·A − ½·β·(logp − logq)²)."""
     beta = inputs.config["beta"]
-    logp = logprobs.float()
-    advantages = inputs.tensors["advantages"]
-    active = active_positions(advantages)
+    logp, advantages, active = policy_positions(logprobs, inputs)
     log_ratio = masked_log_ratio(logp, inputs.tensors["logprobs"], active)
     objective = logp * advantages - 0.5 * beta * log_ratio.square()
     elementwise = torch.where(active, -objective, 0.0)

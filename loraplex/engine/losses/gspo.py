@@ -21,10 +21,11 @@ import torch
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.ratio import (
-    active_positions,
+    clip_bounds,
+    clip_metrics,
+    clipped_surrogate,
     loss_output,
-    masked_mean,
-    outside_fraction,
+    policy_positions,
 )
 
 
@@ -46,24 +47,14 @@ def sequence_log_ratio(
 
 def gspo(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:
     """−Σ min(s_t·A, clip(s_t, low, high)·A) with the per-sequence ratio s."""
-    low = inputs.config["clip_low_threshold"]
-    high = inputs.config["clip_high_threshold"]
-    logp = logprobs.float()
-    advantages = inputs.tensors["advantages"]
-    active = active_positions(advantages)
+    low, high = clip_bounds(inputs.config)
+    logp, advantages, active = policy_positions(logprobs, inputs)
     in_ratio = inputs.tensors["sequence_ratio_mask"] != 0
     seq_log_ratio = sequence_log_ratio(logp, inputs, in_ratio)
     # logp − sg(logp) is 0 in value but carries ∇log p, so ratio = s with gradient s·∇log p.
     ratio = torch.exp(torch.where(active, seq_log_ratio + logp - logp.detach(), 0.0))
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
-    elementwise = torch.where(active, -surrogate, 0.0)
-    return loss_output(
-        elementwise,
-        {
-            "clip_fraction:mean": outside_fraction(ratio, low, high, active),
-            "importance_ratio:mean": masked_mean(ratio, active, empty=1.0),
-        },
-    )
+    elementwise = torch.where(active, -clipped_surrogate(ratio, advantages, low, high), 0.0)
+    return loss_output(elementwise, clip_metrics(ratio, low, high, active))
 
 
 SPEC = LossSpec(

@@ -13,19 +13,17 @@ import torch
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.ratio import (
-    active_positions,
+    importance_ratio,
     loss_output,
-    masked_log_ratio,
     masked_mean,
+    policy_positions,
 )
 
 
 def importance_sampling(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:
     """−Σ exp(logp − logq)·A."""
-    logp = logprobs.float()
-    advantages = inputs.tensors["advantages"]
-    active = active_positions(advantages)
-    ratio = torch.exp(masked_log_ratio(logp, inputs.tensors["logprobs"], active))
+    logp, advantages, active = policy_positions(logprobs, inputs)
+    ratio = importance_ratio(logp, inputs.tensors["logprobs"], active)
     elementwise = torch.where(active, -ratio * advantages, 0.0)
     return loss_output(
         elementwise, {"importance_ratio:mean": masked_mean(ratio, active, empty=1.0)}

@@ -16,31 +16,22 @@ import torch
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.ratio import (
-    active_positions,
+    clip_bounds,
+    clip_metrics,
+    clipped_surrogate,
+    importance_ratio,
     loss_output,
-    masked_log_ratio,
-    masked_mean,
-    outside_fraction,
+    policy_positions,
 )
 
 
 def ppo(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:
     """−Σ min(r·A, clip(r, low, high)·A)."""
-    low = inputs.config["clip_low_threshold"]
-    high = inputs.config["clip_high_threshold"]
-    logp = logprobs.float()
-    advantages = inputs.tensors["advantages"]
-    active = active_positions(advantages)
-    ratio = torch.exp(masked_log_ratio(logp, inputs.tensors["logprobs"], active))
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
-    elementwise = torch.where(active, -surrogate, 0.0)
-    return loss_output(
-        elementwise,
-        {
-            "clip_fraction:mean": outside_fraction(ratio, low, high, active),
-            "importance_ratio:mean": masked_mean(ratio, active, empty=1.0),
-        },
-    )
+    low, high = clip_bounds(inputs.config)
+    logp, advantages, active = policy_positions(logprobs, inputs)
+    ratio = importance_ratio(logp, inputs.tensors["logprobs"], active)
+    elementwise = torch.where(active, -clipped_surrogate(ratio, advantages, low, high), 0.0)
+    return loss_output(elementwise, clip_metrics(ratio, low, high, active))
 
 
 SPEC = LossSpec(

@@ -31,10 +31,10 @@ from loraplex.domain.work import RECORDED_LOGPROBS_KEY
 from loraplex.engine.losses.loss_inputs import LossInputs
 from loraplex.engine.losses.loss_spec import LossOutput, LossSpec
 from loraplex.engine.losses.ratio import (
-    active_positions,
     loss_output,
     masked_log_ratio,
     masked_mean,
+    policy_positions,
 )
 from loraplex.errors import user_error
 
@@ -59,9 +59,7 @@ def stable_reinforce(logprobs: torch.Tensor, inputs: LossInputs) -> LossOutput:
     """Σ −sg(min(r, c))·A·logp + kl_coeff·½·(logp − logq)² over positions with A ≠ 0."""
     truncation = inputs.config["clip_high_threshold"]
     kl_coeff = inputs.config["kl_coeff"]
-    logp = logprobs.float()
-    advantages = inputs.tensors["advantages"]
-    active = active_positions(advantages)
+    logp, advantages, active = policy_positions(logprobs, inputs)
     logq, is_recorded = behaviour_logprobs(inputs.tensors)
     log_ratio = masked_log_ratio(logp, logq, active)
     ratio = log_ratio.exp()

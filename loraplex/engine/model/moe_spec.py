@@ -76,17 +76,8 @@ def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = Fal
     if shared_size and not shared:
         raise user_error("config.shared_expert_intermediate_size",
                          "shared experts are not supported by this engine for this family")
-    num_experts = config.get("num_experts") or config.get("num_local_experts")
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise user_error("config.num_experts", f"must be a positive integer, got {num_experts!r}")
-    top_k = config.get("num_experts_per_tok")
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        raise user_error("config.num_experts_per_tok",
-                         f"must be in [1, num_experts={num_experts}], got {top_k!r}")
-    size = config.get("moe_intermediate_size")
-    if not isinstance(size, int) or size < 1:
-        raise user_error("config.moe_intermediate_size",
-                         f"must be a positive integer, got {size!r}")
+    num_experts, top_k = _routing(config, "num_experts", "num_local_experts")
+    size = _positive_int(config, "moe_intermediate_size")
     step = int(config.get("decoder_sparse_step") or 1)
     if step < 1:
         raise user_error("config.decoder_sparse_step", f"must be ≥ 1, got {step}")
@@ -99,19 +90,31 @@ def parse_experts(config: Mapping[str, Any], num_layers: int, shared: bool = Fal
 
 def parse_gpt_oss_experts(config: Mapping[str, Any], num_layers: int) -> ExpertSpec:
     """The experts of a ``gpt_oss`` config (every layer sparse)."""
-    num_experts = config.get("num_local_experts") or config.get("num_experts")
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise user_error("config.num_local_experts",
-                         f"must be a positive integer, got {num_experts!r}")
-    top_k = config.get("num_experts_per_tok")
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
-        raise user_error("config.num_experts_per_tok",
-                         f"must be in [1, num_local_experts={num_experts}], got {top_k!r}")
-    size = config.get("intermediate_size")
-    if not isinstance(size, int) or size < 1:
-        raise user_error("config.intermediate_size", f"must be a positive integer, got {size!r}")
+    num_experts, top_k = _routing(config, "num_local_experts", "num_experts")
+    size = _positive_int(config, "intermediate_size")
     return ExpertSpec(num_experts=num_experts, top_k=top_k, expert_intermediate_size=size,
                       norm_topk_prob=False, sparse_layers=tuple(range(num_layers)),
                       router="topk_softmax", biases=True,
                       swiglu_limit=float(config.get("swiglu_limit", 7.0)),
                       swiglu_alpha=float(config.get("swiglu_alpha", 1.702)))
+
+
+def _routing(config: Mapping[str, Any], experts_key: str, fallback_key: str) -> tuple[int, int]:
+    """``(num_experts, top_k)``: ``experts_key`` (else ``fallback_key``), a positive integer,
+    and ``num_experts_per_tok`` in ``[1, num_experts]``; errors name ``experts_key``."""
+    num_experts = config.get(experts_key) or config.get(fallback_key)
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise user_error(f"config.{experts_key}",
+                         f"must be a positive integer, got {num_experts!r}")
+    top_k = config.get("num_experts_per_tok")
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise user_error("config.num_experts_per_tok",
+                         f"must be in [1, {experts_key}={num_experts}], got {top_k!r}")
+    return num_experts, top_k
+
+
+def _positive_int(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or value < 1:
+        raise user_error(f"config.{key}", f"must be a positive integer, got {value!r}")
+    return value
