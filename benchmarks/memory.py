@@ -37,7 +37,7 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.peers.server_process import ServerProcess, free_port
+from benchmarks.harness.server_process import ServerProcess, free_port
 from benchmarks.probe import load_average, probe_machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,10 +184,11 @@ def activation_bytes_per_token_layer(model_dir: str, num_tokens: int = 256) -> f
     bound for one layer), measured on the engine in this process."""
     import torch
 
+    from benchmarks.harness.works import ce_datum
+    from benchmarks.harness.works import train_work as work
     from loraplex.config import EngineConfig
     from loraplex.domain.lora import LoraConfig
     from loraplex.engine.executor import Engine
-    from tests.engine.train_works import ce_datum, work
 
     engine = Engine(model_dir, EngineConfig(num_threads=2, recompute="none"))
     engine.create_adapter("a", LoraConfig(rank=16, seed=0))

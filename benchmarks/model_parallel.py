@@ -52,7 +52,8 @@ GOALS = {"per_rank_weight_bytes_vs_theory": 1.1, "logprob_max_abs_diff_vs_one_de
 
 def batch(seed: int, adapters: tuple[str, ...] = ("a", "b", "c"), n: int = 8,
           length: int = 256) -> list[Any]:
-    from tests.engine.train_works import ce_datum, work
+    from benchmarks.harness.works import ce_datum
+    from benchmarks.harness.works import train_work as work
 
     gen = torch.Generator().manual_seed(seed)
     return [work(f"r{i}", adapters[i % len(adapters)], [ce_datum(gen, length, VOCAB)])
@@ -60,8 +61,7 @@ def batch(seed: int, adapters: tuple[str, ...] = ("a", "b", "c"), n: int = 8,
 
 
 def sample_works(seed: int, adapter: str) -> list[Any]:
-    from tests.engine.sampling.rig import NO_STOP
-    from tests.engine.sampling.rig import work as sample_work
+    from benchmarks.harness.works import NO_STOP, sample_work
 
     gen = torch.Generator().manual_seed(seed)
     return [sample_work(f"s{i}", torch.randint(3, 30000, (32,), generator=gen).tolist(),
@@ -111,7 +111,7 @@ def tokens_datum(tokens: list[int]) -> Any:
 
 def kl_sample_train(group: Any) -> float:
     """mean(sampler − trainer logprob) over every sampled token of a snapshot's samples."""
-    from tests.engine.train_works import work
+    from benchmarks.harness.works import train_work as work
 
     group.snapshot_adapter("a", "a@kl")
     works = {w.request_id: w for w in sample_works(7, "a@kl")}

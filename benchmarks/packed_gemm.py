@@ -15,7 +15,6 @@ as in a decode step. Records the load average and the GEMM probe; writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -31,7 +30,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from benchmarks import RESULTS
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from loraplex.engine.kernels.gemm_order import gemm_kernel
 from loraplex.engine.kernels.packed_linear import FrozenLinear
 
@@ -105,18 +105,17 @@ def measure(linears: list[FrozenLinear], rows_list: list[int], rounds: int, back
     return out
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    r = record.payload
     lines = [
         "# Packed sgemm kernel vs F.linear (MKL): SmolLM2-135M's base GEMMs", "",
-        f"Measured {r['when']} with `python -m benchmarks.packed_gemm`, {r['threads']} "
+        f"`python -m benchmarks.packed_gemm`, {r['threads']} "
         f"thread(s), {r['rounds']} interleaved rounds, CPU seconds (medians). Every layer's "
         "base GEMMs as the engine runs them (q/k/v fused 576→960, o 576→576, gate/up fused "
         "576→3072, down 1536→576) × 30 layers and the tied head 576→49152, random weights "
         "(537 MB, so they stream from memory as in a decode step). Forward outputs bitwise "
         f"equal to F.linear's in every round: **{r['bitwise_equal']}** (kernel block sizes "
-        f"{r['blocks']}, {r['lanes']} lanes). Load average at start {r['load_start']}, at end "
-        f"{r['load_end']}; GEMM probe (MKL, 4096×512→512) {r['probe_start']['gemm_gflops']:.1f}"
-        f" → {r['probe_end']['gemm_gflops']:.1f} GFLOP/s.", "",
+        f"{r['blocks']}, {r['lanes']} lanes). {record.provenance()}", "",
         "| GEMMs | rows | F.linear / torch.mm s | packed kernel s | speedup | MKL GFLOP/s | "
         "kernel GFLOP/s |", "|---|---|---|---|---|---|---|"]
     for key, m in r["results"].items():
@@ -141,19 +140,15 @@ def main() -> None:
     kernel = gemm_kernel((HIDDEN, MLP), torch.device("cpu"), torch.float32)
     if kernel is None:
         sys.exit("the packed GEMM kernel is not available on this machine (see the log)")
-    probe_start, load_start = probe_machine(), load_average()
+    run = Run("packed_gemm")
     linears = build(kernel)
     results = measure(linears, [int(r) for r in args.rows.split(",")], args.rounds,
                       args.backward)
-    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": args.threads,
-              "rounds": args.rounds, "bitwise_equal": True, "blocks": dict(kernel.blocks),
-              "lanes": kernel.lanes, "load_start": load_start, "load_end": load_average(),
-              "probe_start": probe_start.as_dict(), "probe_end": probe_machine().as_dict(),
-              "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "packed_gemm.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "packed_gemm.md").write_text(markdown(report))
-    print(markdown(report))
+    result = run.finish({"threads": args.threads, "rounds": args.rounds, "bitwise_equal": True,
+                         "blocks": dict(kernel.blocks), "lanes": kernel.lanes,
+                         "results": results}, model="SmolLM2-135M (shapes)")
+    write(result, markdown(result), args.out)
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ TRAIN_BATCH = (8, 1024)  # datums × tokens per forward_backward
 
 
 def start(mode: str, data_dir: Path) -> Any:
-    from benchmarks.peers.server_process import ServerProcess, free_port
+    from benchmarks.harness.server_process import ServerProcess, free_port
 
     data_dir.mkdir(parents=True)
     port = free_port()

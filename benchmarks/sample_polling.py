@@ -12,7 +12,7 @@ system time from /proc). Done for two executors: the torch engine on ``builtin:t
 sampling) and the no-op executor with a 5 ms engine call (the HTTP path alone). Records the
 load average and the GEMM probe in the same run (perf-anchors §4).
 
-Writes ``sample_polling.json`` and ``sample_polling.md``.
+Writes ``sample_polling.json`` and ``sample_polling.md`` (`benchmarks.harness.writer`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +33,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from benchmarks import REPO, RESULTS
+from benchmarks import RESULTS
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.server_process import ServerProcess, serve_fake
+from benchmarks.harness.writer import write
 
 MODEL = "Qwen/Qwen3-8B"
 KEY = "tml-benchmark-polling"
@@ -44,37 +46,25 @@ MODES = ("poller", "per_request")
 @dataclass
 class Server:
     mode: str
-    process: subprocess.Popen[bytes]
-    url: str
+    process: ServerProcess
+
+    @property
+    def url(self) -> str:
+        return self.process.base_url
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server process (all its threads)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        pid = self.process.process.pid
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(mode: str, executor: str, data_dir: Path) -> Server:
-    import httpx
-
-    from benchmarks.peers.server_process import free_port
-
-    port = free_port()
     config = json.dumps({"sample_use_retrieve_futures": mode == "poller"})
-    cmd = [sys.executable, str(REPO / "tests/integration/serve_fake.py"), "--port", str(port),
-           "--data-dir", str(data_dir), "--open", "--executor", executor,
-           "--client-config", config, "--threads", "1"]
+    args = ["--executor", executor, "--client-config", config, "--threads", "1"]
     if executor == "noop":
-        cmd += ["--engine-ms", "5"]
-    process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", trust_env=False).status_code == 200:
-                return Server(mode, process, url)
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"{mode} server did not start")
+        args += ["--engine-ms", "5"]
+    return Server(mode, serve_fake(MODEL, data_dir, *args, timeout_s=120))
 
 
 def one_round(sampler: Any, server: Server, requests: int, max_tokens: int) -> dict[str, float]:
@@ -115,8 +105,7 @@ def run_executor(executor: str, rounds: int, requests: int, max_tokens: int,
         return {"rounds": runs, "summary": summarize(runs), "load_avg_1m": loads}
     finally:
         for server in servers.values():
-            server.process.terminate()
-            server.process.wait(30)
+            server.process.stop()
 
 
 def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -131,7 +120,8 @@ def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return out
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     lines = ["# Sampling: session poller (retrieve_futures) vs one long-poll per request", "",
              f"{result['requests']} concurrent `sample` calls (max_tokens "
              f"{result['max_tokens']}) from one SDK 0.38 SamplingClient per round, "
@@ -142,12 +132,10 @@ def markdown(result: dict[str, Any]) -> str:
         for key, values in run["summary"].items():
             lines.append(f"| {executor} | {key} | {values['poller']} | "
                          f"{values['per_request']} | {values['ratio_poller_over_per_request']} |")
-    probe = result["machine"]
     lines += ["", "Load average (1 min) during the rounds: "
               + ", ".join(f"{e}: {min(r['load_avg_1m']):.2f}–{max(r['load_avg_1m']):.2f}"
-                          for e, r in result["executors"].items())
-              + f"; GEMM probe {probe['gemm_gflops']:.1f} GFLOP/s, {probe['num_threads']} "
-              "threads.", ""]
+                          for e, r in result["executors"].items()) + ".", "",
+              record.provenance(), ""]
     return "\n".join(lines)
 
 
@@ -161,18 +149,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    from benchmarks.probe import probe_machine
-
-    machine = probe_machine().as_dict()
+    run = Run("sample_polling")
     with tempfile.TemporaryDirectory(prefix="sample-polling-") as scratch:
         executors = {e: run_executor(e, args.rounds, args.requests, args.max_tokens,
                                      Path(scratch)) for e in args.executors.split(",")}
-    result = {"requests": args.requests, "max_tokens": args.max_tokens,
-              "rounds_per_mode": args.rounds, "machine": machine,
-              "load_avg_after": os.getloadavg()[0], "executors": executors}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sample_polling.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "sample_polling.md").write_text(markdown(result))
+    result = run.finish({"requests": args.requests, "max_tokens": args.max_tokens,
+                         "rounds_per_mode": args.rounds, "executors": executors}, model=MODEL)
+    write(result, markdown(result), args.out)
     print(markdown(result))
 
 

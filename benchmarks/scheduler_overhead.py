@@ -14,7 +14,7 @@ forward_backward chunks of one 8-token datum, then an optim_step):
 * ``sync``: every op submitted up front, then plan/complete driven on one thread: the
   bookkeeping alone.
 
-`per_op_overhead_ms()` is what `benchmarks/multiplex.py` calls (goal < 5 ms). Writes
+`per_op_overhead_ms()` is what `benchmarks/multiplex/` calls (goal < 5 ms). Writes
 ``scheduler_overhead.json`` and ``.md`` under ``--out``.
 """
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,6 +37,9 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import RESULTS
+from benchmarks.harness.fakes import NoopExecutor
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from loraplex.config import SchedulerConfig
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.lora import LoraConfig
@@ -52,7 +53,6 @@ from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.runner import run_plan
 from loraplex.scheduler.scheduler import Scheduler
 from loraplex.store.stores import open_stores
-from tests.fakes import NoopExecutor
 
 TOKENS = [2, 3, 4, 5, 6, 7, 8, 9]
 DATUM = Datum(array("q", TOKENS), {
@@ -207,7 +207,8 @@ def per_op_overhead_ms(tenants: int = 16, steps: int = 50, chunks: int = 2) -> f
     return float(run_threaded(tenants, steps, chunks)["per_op_overhead_ms"])
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     t, s = result["threaded"], result["sync"]
     rows = "\n".join(
         f"| {label} | {d['ops']} | {d['wall_s']:.2f} | {d['engine_s']:.3f} | "
@@ -220,8 +221,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['tenants']} tenants × {result['steps']} steps × ({result['chunks']} "
         f"forward_backward chunks + 1 optim_step) = {t['ops']} ops through the real scheduler "
         "(queues, DRR packing, effects on SQLite stores, the future store) with a no-op "
-        f"executor. Machine: {result['machine']}; load average {result['loadavg']} (shared "
-        "machine: noisy).\n\n"
+        f"executor. {record.provenance()} (A shared machine: noisy.)\n\n"
         "| driver | ops | wall s | engine s | ms / op | ops / s |\n|---|---|---|---|---|---|\n"
         f"{rows}\n\n"
         f"Headline `per_op_overhead_ms` (threaded): **{t['per_op_overhead_ms']:.3f} ms** "
@@ -237,10 +237,7 @@ def markdown(result: dict[str, Any]) -> str:
 def measure(tenants: int, steps: int, chunks: int) -> dict[str, Any]:
     return {"tenants": tenants, "steps": steps, "chunks": chunks,
             "threaded": run_threaded(tenants, steps, chunks),
-            "sync": run_sync(tenants, steps, chunks),
-            "loadavg": [round(x, 2) for x in os.getloadavg()],
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                       f"{platform.python_version()}"}
+            "sync": run_sync(tenants, steps, chunks)}
 
 
 def main() -> None:
@@ -251,12 +248,12 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    result = measure(args.tenants, args.steps, args.chunks)
-    result["per_op_overhead_ms"] = result["threaded"]["per_op_overhead_ms"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "scheduler_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "scheduler_overhead.md").write_text(markdown(result))
-    print(json.dumps(result, indent=2))
+    run = Run("scheduler_overhead", probe=False)
+    payload = measure(args.tenants, args.steps, args.chunks)
+    payload["per_op_overhead_ms"] = payload["threaded"]["per_op_overhead_ms"]
+    result = run.finish(payload)
+    write(result, markdown(result), args.out)
+    print(json.dumps(payload, indent=2))
 
 
 if __name__ == "__main__":

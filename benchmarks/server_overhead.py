@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +38,10 @@ import httpx
 import tinker
 from tinker import types
 
-from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks import RESULTS, SCRATCH
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.server_process import ServerProcess, serve_fake
+from benchmarks.harness.writer import write
 
 MODEL = "Qwen/Qwen3-8B"
 KEY = "tml-benchmark"
@@ -49,27 +49,9 @@ POLL_INTERVAL_S = 0.1
 ENGINE_MS = 20.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(data_dir: Path, long_poll_s: float, engine_ms: float = 0.0
-                 ) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests/integration/serve_fake.py"),
-                             "--port", str(port), "--data-dir", str(data_dir), "--open",
-                             "--executor", "noop", "--long-poll-s", str(long_poll_s),
-                             "--engine-ms", str(engine_ms)], cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", trust_env=False).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("server did not start")
+def start_server(data_dir: Path, long_poll_s: float, engine_ms: float = 0.0) -> ServerProcess:
+    return serve_fake(MODEL, data_dir, "--executor", "noop", "--long-poll-s", str(long_poll_s),
+                      "--engine-ms", str(engine_ms), timeout_s=120)
 
 
 def engine_seconds(url: str) -> float:
@@ -142,7 +124,8 @@ def poll(http: httpx.Client, request_id: str, interval_s: float) -> None:
         time.sleep(interval_s)
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     ops = result["per_op"]
     rows = "\n".join(
         f"| SDK `{name}` | {o['p50_ms']:.2f} | {o['p95_ms']:.2f} | {o['mean_ms']:.2f} | "
@@ -159,9 +142,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 Official SDK 0.38 client → HTTP → scheduler → no-op executor → future → long-poll wake-up →
 SDK result, measured sequentially ({result['n']} ops each after 20 warm-up ops), minus the
-engine time the server reports. Server and client are separate processes. Machine:
-{result['machine']}; load average during the run {result['loadavg']} (the machine is shared
-with other jobs, so absolute numbers are noisy).
+engine time the server reports. Server and client are separate processes. {record.provenance()}
+(The machine is shared with other jobs, so absolute numbers are noisy.)
 
 | path | p50 ms | p95 ms | mean ms | engine ms/op |
 |---|---|---|---|---|
@@ -202,12 +184,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--data-dir", type=Path, default=SCRATCH / "bench-overhead")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    run = Run("server_overhead", probe=False)
     results: dict[str, Any] = {}
     runs = [("no_engine", 25.0, 0.0), ("engine_long_poll", 25.0, ENGINE_MS),
             ("engine_polling", 0.0, ENGINE_MS)]
     for mode, long_poll, engine_ms in runs:
-        proc, url = start_server(args.data_dir / mode, long_poll, engine_ms)
+        server = start_server(args.data_dir / mode, long_poll, engine_ms)
+        url = server.base_url
         try:
             if mode == "no_engine":
                 results["per_op"] = time_sdk_ops(url, args.ops)
@@ -219,17 +202,13 @@ def main() -> None:
                 results["with_engine_polling_100ms"] = time_http_client(url, 100,
                                                                         POLL_INTERVAL_S)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            server.stop()
     headline = results["per_op"]["optim_step"]
-    result = {"p50_ms": headline["p50_ms"], "p95_ms": headline["p95_ms"], "n": args.ops,
-              "engine_ms_for_polling_comparison": ENGINE_MS, **results,
-              "loadavg": [round(x, 2) for x in os.getloadavg()],
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                         f"{platform.python_version()}", "sdk": tinker.__version__}
-    (args.out / "server_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "server_overhead.md").write_text(markdown(result))
-    print(json.dumps(result, indent=2))
+    result = run.finish({"p50_ms": headline["p50_ms"], "p95_ms": headline["p95_ms"],
+                         "n": args.ops, "engine_ms_for_polling_comparison": ENGINE_MS, **results,
+                         "sdk": tinker.__version__}, model=MODEL)
+    write(result, markdown(result), args.out)
+    print(json.dumps(result.payload, indent=2))
 
 
 if __name__ == "__main__":

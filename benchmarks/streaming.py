@@ -41,7 +41,7 @@ BATCH = 4
 
 
 def start_server(model: str, data_dir: Path, stream_decode_steps: int | None) -> Any:
-    from benchmarks.peers.server_process import ServerProcess, free_port
+    from benchmarks.harness.server_process import ServerProcess, free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{SERVED}={model}", "--open",

@@ -7,7 +7,7 @@ gradient of the Tinker losses w.r.t. θ; optim_step moves θ by AdamW; sampling 
 seeded RNG with continuous batching across `sample_step` calls; save/load write and read real
 files (JSON state, plus PEFT-named ``adapter_config.json`` + ``adapter_model.safetensors``).
 
-`NoopExecutor` answers every call at once with zeros: the server-overhead benchmark's engine.
+The benchmarks' no-op engine, `NoopExecutor`, lives in `benchmarks/harness/fakes.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import random
-import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -487,37 +486,6 @@ class ToyExecutor:
             return fn()  # type: ignore[operator]
         except LoraplexError as exc:
             return exc
-
-
-@dataclass
-class NoopExecutor(ToyExecutor):
-    """Answers at once (or after ``delay_s`` per engine call): zero logprobs, one-token
-    samples. Measures everything but the engine."""
-
-    delay_s: float = 0.0
-
-    def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
-        self._wait()
-        out: list[FwdBwdOutcome] = []
-        for w in works:
-            zeros = tuple(array("f", bytes(4 * d.length)) for d in w.data)
-            out.append(ForwardBackwardResult(zeros, zeros, {"loss:sum": 0.0}))
-        return out
-
-    def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
-        self._wait()
-        return [OptimStepResult({}) for _ in works]
-
-    def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
-                    cancel: Sequence[str] = ()) -> SampleStep:
-        self._wait()
-        seq = SampledSequence(array("i", [2]), array("f", [0.0]), "length")
-        return SampleStep(tuple((w.request_id, SampleResult(tuple([seq] * w.num_samples)))
-                                for w in admit))
-
-    def _wait(self) -> None:
-        if self.delay_s:
-            time.sleep(self.delay_s)
 
 
 def _topk(lp_V: np.ndarray, k: int) -> list[tuple[int, float]]:

@@ -32,9 +32,9 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.harness.server_process import ServerProcess, free_port
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
-from benchmarks.peers.server_process import ServerProcess, free_port
 
 PEERS = ("loraplex", "skyrl")
 SERVED_NAME = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "small": "loraplex/small"}
@@ -184,7 +184,7 @@ def per_round_ratios(rounds: list[dict[str, Any]]) -> list[dict[str, float | Non
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.multiplex import git_state
+    from benchmarks.harness.result import git_state
     from benchmarks.probe import probe_machine
 
     started = time.time()

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import SCRATCH
+from benchmarks.harness.server_process import ServerProcess, free_port
 from benchmarks.peers.client import run_client
-from benchmarks.peers.server_process import ServerProcess, free_port
 
 SKYRL_VERSION = "0.4.0"
 DEFAULT_SCRATCH_DIR = SCRATCH / "peers" / "skyrl"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cost_validation_predict import (
+from benchmarks.cost_validation.predict import (
     CALIBRATION,
     Measured,
     Settings,
@@ -17,7 +17,7 @@ from benchmarks.cost_validation_predict import (
     sample_step,
     train_step,
 )
-from benchmarks.cost_validation_report import write_markdown
+from benchmarks.cost_validation.report import write_markdown
 from benchmarks.probe import MachineProbe
 from loraplex.cost.flops import TrainingMethod
 from loraplex.domain.lora import LoraConfig

@@ -2,7 +2,8 @@
 as a module (`python -m benchmarks.X`), from the repo root, with no PYTHONPATH.
 
 Entry points are found, not listed: any file under benchmarks/ with a ``__main__`` block, so a new
-benchmark is checked without touching this test. All runs start at once (most of their time is
+benchmark is checked without touching this test; ``python -m benchmarks NAME`` dispatches to
+them (`benchmarks/__main__.py`). All runs start at once (most of their time is
 importing torch or the SDK), so the whole check costs about one slow import per core.
 """
 
@@ -75,3 +76,17 @@ def test_help_exits_zero(name: str, help_runs: dict[str, subprocess.CompletedPro
     run = help_runs[name]
     assert run.returncode == 0, f"{' '.join(run.args)}: rc {run.returncode}\n{run.stderr[-2000:]}"
     assert run.stdout.startswith("usage:"), run.stdout[:200]
+
+
+def test_python_m_benchmarks_lists_every_benchmark_and_runs_one_by_name() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    listed = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    names = {line.split()[0] for line in listed.stdout.splitlines()}
+    assert {"load", "scaleout", "multiplex", "cost_validation", "engine_train",
+            "peers.side_by_side"} <= names
+    assert "load.client" not in names, "workers other benchmarks spawn are not benchmarks"
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "scheduler_overhead", "--help"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("usage:") and "--tenants" in run.stdout

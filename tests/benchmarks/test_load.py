@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from benchmarks.load_phases import retention_deadlines, soak_clients
-from benchmarks.load_report import compact_json
-from benchmarks.load_settings import SMOKE, Settings
-from benchmarks.load_summary import (
+from benchmarks.harness.writer import compact_json
+from benchmarks.load.phases import retention_deadlines, soak_clients
+from benchmarks.load.settings import SMOKE, Settings
+from benchmarks.load.summary import (
     MIB,
     error_summary,
     goals,

@@ -14,12 +14,12 @@ import pytest
 from tinker import types
 from tqdm import tqdm
 
-from benchmarks.multiplex import Settings, derive
-from benchmarks.multiplex_pool import TenantPool
-from benchmarks.multiplex_report import figure
-from benchmarks.multiplex_run import RunSpec, Server, Snapshot, run_loop, summarize
-from benchmarks.multiplex_tenant import GrpoLoop, Job
-from benchmarks.peers.server_process import ServerProcess, free_port
+from benchmarks.harness.server_process import ServerProcess, free_port
+from benchmarks.multiplex.__main__ import Settings, derive
+from benchmarks.multiplex.pool import TenantPool
+from benchmarks.multiplex.report import figure
+from benchmarks.multiplex.run import RunSpec, Server, Snapshot, run_loop, summarize
+from benchmarks.multiplex.tenant import GrpoLoop, Job
 from loraplex.config import DEFAULT_MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[2]

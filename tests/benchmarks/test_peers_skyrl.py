@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from benchmarks.harness.server_process import ServerProcess
 from benchmarks.peers import skyrl
-from benchmarks.peers.server_process import ServerProcess
 
 
 def _model_dir(root: Path, config: dict[str, object], dtype: type = np.float32) -> Path:

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.scaleout import SMOKE, goals_of
-from benchmarks.scaleout_dispatch import cycle_works
-from benchmarks.scaleout_paging import split_ms
-from benchmarks.scaleout_procs import TreeCpu, process_tree
-from benchmarks.scaleout_recovery import Monitor, Op, Tenant, summarize
-from benchmarks.scaleout_throughput import WORKLOADS, derive, window_tokens
+from benchmarks.scaleout.__main__ import SMOKE, goals_of
+from benchmarks.scaleout.dispatch import cycle_works
+from benchmarks.scaleout.paging import split_ms
+from benchmarks.scaleout.procs import TreeCpu, process_tree
+from benchmarks.scaleout.recovery import Monitor, Op, Tenant, summarize
+from benchmarks.scaleout.throughput import WORKLOADS, derive, window_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 

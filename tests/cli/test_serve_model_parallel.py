@@ -13,7 +13,7 @@ from pathlib import Path
 
 import tinker
 
-from benchmarks.peers.server_process import free_port
+from benchmarks.harness.server_process import free_port
 from loraplex.config import DEFAULT_MODEL_NAME
 from tests.api.test_training import datum
 from tests.integration.serve_fake import seed_builtin_tiny

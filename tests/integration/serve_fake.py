@@ -1,11 +1,11 @@
 """Run the real loraplex server (real app, scheduler, stores, HTTP) on a chosen executor.
 
 Used as a subprocess by the integration tests (restart persistence, SDK 0.27) and imported by
-the in-process API tests and the overhead benchmark. ``--executor toy`` (default) or ``noop``
-uses a fake from `tests.fakes` (no model directory needed); ``engine`` uses the torch engine on
-the resolved SOURCE exactly like `loraplex serve` (``builtin:tiny`` is created under the data
-dir; ``--threads`` as in `loraplex serve`). The test suites pick it from
-``LORAPLEX_TEST_EXECUTOR``.
+the in-process API tests and the overhead benchmark. ``--executor toy`` (default) uses
+`tests.fakes.ToyExecutor`, ``noop`` `benchmarks.harness.fakes.NoopExecutor` (no model directory
+needed); ``engine`` uses the torch engine on the resolved SOURCE exactly like `loraplex serve`
+(``builtin:tiny`` is created under the data dir; ``--threads`` as in `loraplex serve`). The
+test suites pick it from ``LORAPLEX_TEST_EXECUTOR``.
 
     python tests/integration/serve_fake.py --port 8123 --data-dir DIR [--open]
         [--model NAME=SOURCE ...] [--client-config JSON] [--executor toy|noop|engine]
@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from benchmarks.harness.fakes import NoopExecutor
 from loraplex.api.context import ServerContext
 from loraplex.cli.model_sources import builtin_dir
 from loraplex.cli.serve_cmd import build_context, serve
@@ -34,7 +35,7 @@ from loraplex.config import (
     SchedulerConfig,
     ServerConfig,
 )
-from tests.fakes import NoopExecutor, ToyExecutor
+from tests.fakes import ToyExecutor
 
 
 def seed_builtin_tiny(data_dir: str | os.PathLike[str], tiny_model_dir: str | os.PathLike[str]
@@ -62,7 +63,7 @@ def fake_context(data_dir: str, *, port: int = 0, open_access: bool = True,
         engine = EngineConfig(num_threads=num_threads)
         return build_context(config, scheduler or SchedulerConfig(), lambda d: Engine(d, engine))
 
-    def make(_dir: str) -> ToyExecutor:
+    def make(_dir: str) -> ToyExecutor | NoopExecutor:
         return NoopExecutor(delay_s=engine_delay_s) if executor == "noop" else ToyExecutor()
 
     return build_context(config, scheduler or SchedulerConfig(), make,

@@ -1,9 +1,10 @@
 """A sampler rig for the tests: the built-in tiny model, a bank of random adapters (B ≠ 0, so
-each adapter changes the logits), request builders and a run-to-completion loop."""
+each adapter changes the logits), request builders and a run-to-completion loop.
+
+`work` and `NO_STOP` are the benchmarks' builders too (`benchmarks/harness/works.py`)."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,9 +12,11 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness.works import NO_STOP
+from benchmarks.harness.works import sample_work as work
 from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
-from loraplex.domain.sampling import SampleResult, SamplingParams, StopCondition
+from loraplex.domain.sampling import SampleResult
 from loraplex.domain.work import SampleWork
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.loader import load_model
@@ -22,9 +25,10 @@ from loraplex.engine.model.transformer import Transformer
 from loraplex.engine.sampling.sampler import Sampler
 from loraplex.errors import LoraplexError
 
+__all__ = ["ADAPTERS", "NO_STOP", "Rig", "make_rig", "ok", "random_tokens", "run", "work"]
+
 ADAPTERS = {"a": LoraConfig(rank=8, seed=1), "b": LoraConfig(rank=16, seed=2),
             "c": LoraConfig(rank=4, seed=3, train_attn=False)}
-NO_STOP = StopCondition(use_eos=False)
 
 
 @dataclass
@@ -66,16 +70,6 @@ def make_rig(model_dir: Path, **config: Any) -> Rig:
             for p in bank.create(name, lora).parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     return Rig(model_dir, model, bank, engine_config)
-
-
-def work(request_id: str, prompt: Sequence[int], adapter: str | None = None,
-         num_samples: int = 1, **kwargs: Any) -> SampleWork:
-    """A request; SamplingParams fields and SampleWork fields both go in ``kwargs``."""
-    param_names = set(SamplingParams.__dataclass_fields__)
-    params = SamplingParams(**{k: v for k, v in kwargs.items() if k in param_names})
-    rest = {k: v for k, v in kwargs.items() if k not in param_names}
-    return SampleWork(request_id, adapter, rest.pop("adapter_dir", None), array("q", prompt),
-                      num_samples, params, **rest)
 
 
 def run(sampler: Sampler, works: Sequence[SampleWork], decode_steps: int = 8
