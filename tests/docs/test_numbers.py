@@ -62,3 +62,10 @@ def test_the_check_can_fail(tmp_path: Path, text: str, ok: bool) -> None:
     count, bad = check_numbers.check_all(repo)
     assert count == 1
     assert (not bad) == ok, bad
+
+
+def test_a_harness_result_is_read_under_its_payload(tmp_path: Path) -> None:
+    envelope = {"schema": "loraplex-benchmark-result/1", "name": "bench", "wall_s": 9.0,
+                "payload": {"ratio": 3.49}}
+    repo = _tree(tmp_path, "3.49×<!--r bench ratio-->", envelope)
+    assert check_numbers.check_all(repo) == (1, [])
