@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Self
+from typing import ClassVar, Literal, Self
 
 log = logging.getLogger("loraplex")
 
@@ -21,7 +21,7 @@ class LoraplexError(Exception):
         field: dotted path of the offending input (e.g. ``data[3].loss_fn_inputs.weights``).
     """
 
-    category = "server"
+    category: ClassVar[Literal["user", "server"]] = "server"
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)

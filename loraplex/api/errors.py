@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loraplex.api.error_bodies import ErrorBody, OpenAIError, OpenAIErrorDetail
 from loraplex.errors import (
     AuthError,
     CapacityError,
@@ -71,12 +72,12 @@ def http_status(error: LoraplexError) -> int:
 
 
 def error_body(error: LoraplexError) -> dict[str, Any]:
-    """JSON of a failed request, also the shape of a failed future (``error``, ``category``)."""
-    body: dict[str, Any] = {"error": error.message, "category": error.category,
-                            "detail": error.message}
+    """JSON of a failed request, also the shape of a failed future (``error``, ``category``);
+    ``field`` only when one is named."""
+    body = ErrorBody(error=error.message, category=error.category, detail=error.message)
     if error.field is not None:
-        body["field"] = error.field
-    return body
+        body.field = error.field
+    return body.model_dump(mode="json", exclude_unset=True)
 
 
 def failure_json(error: LoraplexError) -> dict[str, Any]:
@@ -91,14 +92,18 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                  413: "invalid_request_error", 429: "rate_limit_error"}
 
 
-def openai_error_body(error: LoraplexError, status: int) -> dict[str, Any]:
+def openai_error(error: LoraplexError, status: int) -> OpenAIError:
     """OpenAI's error object: ``param`` is the offending field, ``code`` a short reason."""
     code = {401: "invalid_api_key", 404: "model_not_found" if error.field == "model"
             else "not_found", 429: "rate_limit_exceeded"}.get(status)
-    return {"error": {"message": error.message,
-                      "type": _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500
-                                                else "server_error"),
-                      "param": error.field, "code": code}}
+    kind = _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return OpenAIError(error=OpenAIErrorDetail(message=error.message, type=kind,
+                                               param=error.field, code=code))
+
+
+def openai_error_body(error: LoraplexError, status: int) -> dict[str, Any]:
+    """`openai_error` as the JSON sent."""
+    return openai_error(error, status).model_dump(mode="json")
 
 
 def error_response(error: LoraplexError, path: str = "") -> JSONResponse:

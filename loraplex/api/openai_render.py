@@ -12,8 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from loraplex.api.openai_responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprob,
+    ChatLogprobs,
+    ChatMessage,
+    Chunk,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    FinishReason,
+    Response,
+    ResponseHead,
+    TopLogprob,
+    Usage,
+)
 from loraplex.api.openai_text import ModelText
 from loraplex.domain.sampling import SampledSequence, SampleResult, TopkLogprobs
 
@@ -39,7 +60,7 @@ class Choice:
     logprobs: list[float | None]
     topk: list[list[tuple[int, float]] | None] | None
     topk_k: int | None
-    finish_reason: str
+    finish_reason: FinishReason | None  # None: a choice still sampling
     num_sampled: int
 
     @property
@@ -111,37 +132,50 @@ def _clip(pieces: list[str], cut: int) -> tuple[list[str], int]:
     return kept, len(kept)
 
 
-def usage(prompt_lengths: Sequence[int], n: int, made: Sequence[Choice]) -> dict[str, int]:
+def usage(prompt_lengths: Sequence[int], n: int, made: Sequence[Choice]) -> Usage:
     prompt = sum(prompt_lengths) * n
     completion = sum(c.num_sampled for c in made)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                 total_tokens=prompt + completion)
 
 
-def body(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText,
-         counts: dict[str, int], with_token_ids: bool) -> dict[str, Any]:
+def body(kind: Kind, head: ResponseHead, made: list[Choice], text: ModelText, counts: Usage,
+         with_token_ids: bool) -> Response:
     """A whole (non-streamed) response."""
-    rendered = [_choice_json(kind, c, text, with_token_ids) for c in made]
-    return {**head, "object": "text_completion" if kind == "completion" else "chat.completion",
-            "choices": rendered, "usage": counts}
-
-
-def _choice_json(kind: Kind, c: Choice, text: ModelText, with_token_ids: bool
-                 ) -> dict[str, Any]:
-    logprobs = None if c.topk_k is None else _logprobs(kind, c, text, range(len(c.tokens)))
-    out: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
-                           "logprobs": logprobs}
     if kind == "completion":
-        out["text"] = c.text
-    else:
-        out["message"] = {"role": "assistant", "content": c.text}
+        return CompletionResponse(**dict(head), object="text_completion", usage=counts,
+                                  choices=[_completion_choice(c, text, with_token_ids)
+                                           for c in made])
+    return ChatCompletionResponse(**dict(head), object="chat.completion", usage=counts,
+                                  choices=[_chat_choice(c, text, with_token_ids) for c in made])
+
+
+def _finished(c: Choice) -> FinishReason:
+    if c.finish_reason is None:
+        raise RuntimeError(f"choice {c.index} is rendered whole before it finished")
+    return c.finish_reason
+
+
+def _completion_choice(c: Choice, text: ModelText, with_token_ids: bool) -> CompletionChoice:
+    logprobs = None if c.topk_k is None else _completion_logprobs(c, text, range(len(c.tokens)))
+    choice = CompletionChoice(index=c.index, finish_reason=_finished(c), logprobs=logprobs,
+                              text=c.text)
     if with_token_ids:  # vLLM's ``return_token_ids`` extension
-        out["token_ids"] = c.tokens
-    return out
+        choice.token_ids = c.tokens
+    return choice
 
 
-def chunks(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText,
-           counts: dict[str, int] | None) -> Iterator[dict[str, Any]]:
+def _chat_choice(c: Choice, text: ModelText, with_token_ids: bool) -> ChatChoice:
+    logprobs = None if c.topk_k is None else _chat_logprobs(c, text, range(len(c.tokens)))
+    choice = ChatChoice(index=c.index, finish_reason=_finished(c), logprobs=logprobs,
+                        message=ChatMessage(role="assistant", content=c.text))
+    if with_token_ids:
+        choice.token_ids = c.tokens
+    return choice
+
+
+def chunks(kind: Kind, head: ResponseHead, made: list[Choice], text: ModelText,
+           counts: Usage | None) -> Iterator[Chunk]:
     """The stream of whole choices: per choice a role chunk (chat), one chunk per shown
     token, a chunk with the finish reason; then the usage chunk when asked for. (A stream
     sent while sampling sends the same chunks, those of different choices interleaved.)"""
@@ -157,60 +191,75 @@ def chunks(kind: Kind, head: dict[str, Any], made: list[Choice], text: ModelText
         yield usage_chunk(kind, head, counts)
 
 
-def _object(kind: Kind) -> str:
-    return "text_completion" if kind == "completion" else "chat.completion.chunk"
-
-
-def role_chunk(head: dict[str, Any], index: int) -> dict[str, Any]:
+def role_chunk(head: ResponseHead, index: int) -> ChatCompletionChunk:
     """A chat stream's first chunk of a choice."""
-    return {**head, "object": _object("chat"), "choices": [
-        {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-         "finish_reason": None}]}
+    return ChatCompletionChunk(**dict(head), object="chat.completion.chunk", choices=[
+        ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""),
+                        logprobs=None, finish_reason=None)])
 
 
-def token_chunk(kind: Kind, head: dict[str, Any], c: Choice, text: ModelText, i: int,
-                offset: int) -> dict[str, Any]:
+def token_chunk(kind: Kind, head: ResponseHead, c: Choice, text: ModelText, i: int,
+                offset: int) -> Chunk:
     """The chunk of ``c``'s shown token ``i`` (``c`` holds at least its first ``i + 1``),
     whose text starts at ``offset`` of the choice's text."""
     piece = c.pieces[i]
-    logprobs = None if c.topk_k is None else _logprobs(kind, c, text, [i], offset)
-    part = {"text": piece} if kind == "completion" else {"delta": {"content": piece}}
-    return {**head, "object": _object(kind), "choices": [
-        {"index": c.index, **part, "logprobs": logprobs, "finish_reason": None}]}
+    if kind == "completion":
+        logprobs = None if c.topk_k is None else _completion_logprobs(c, text, [i], offset)
+        return CompletionChunk(**dict(head), object="text_completion", choices=[
+            CompletionChunkChoice(index=c.index, text=piece, logprobs=logprobs,
+                                  finish_reason=None)])
+    chat_logprobs = None if c.topk_k is None else _chat_logprobs(c, text, [i])
+    return ChatCompletionChunk(**dict(head), object="chat.completion.chunk", choices=[
+        ChatChunkChoice(index=c.index, delta=ChatDelta(content=piece), logprobs=chat_logprobs,
+                        finish_reason=None)])
 
 
-def finish_chunk(kind: Kind, head: dict[str, Any], c: Choice) -> dict[str, Any]:
-    end: dict[str, Any] = {"text": ""} if kind == "completion" else {"delta": {}}
-    return {**head, "object": _object(kind), "choices": [
-        {"index": c.index, **end, "logprobs": None, "finish_reason": c.finish_reason}]}
+def finish_chunk(kind: Kind, head: ResponseHead, c: Choice) -> Chunk:
+    if kind == "completion":
+        return CompletionChunk(**dict(head), object="text_completion", choices=[
+            CompletionChunkChoice(index=c.index, text="", logprobs=None,
+                                  finish_reason=_finished(c))])
+    return ChatCompletionChunk(**dict(head), object="chat.completion.chunk", choices=[
+        ChatChunkChoice(index=c.index, delta=ChatDelta(), logprobs=None,
+                        finish_reason=_finished(c))])
 
 
-def usage_chunk(kind: Kind, head: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-    return {**head, "object": _object(kind), "choices": [], "usage": counts}
+def usage_chunk(kind: Kind, head: ResponseHead, counts: Usage) -> Chunk:
+    if kind == "completion":
+        return CompletionChunk(**dict(head), object="text_completion", choices=[], usage=counts)
+    return ChatCompletionChunk(**dict(head), object="chat.completion.chunk", choices=[],
+                               usage=counts)
 
 
-def _logprobs(kind: Kind, c: Choice, text: ModelText, positions: Sequence[int],
-              offset: int = 0) -> dict[str, Any]:
+def _alternatives(c: Choice, positions: Sequence[int]) -> list[list[tuple[int, float]] | None]:
+    """Each position's shown alternatives (None: an echoed prompt's first token)."""
+    return [None if c.topk is not None and c.topk[i] is None
+            else [] if c.topk is None else (c.topk[i] or [])[:c.topk_k]
+            for i in positions]
+
+
+def _chat_logprobs(c: Choice, text: ModelText, positions: Sequence[int]) -> ChatLogprobs:
+    content = [ChatLogprob(**dict(_entry(text, c.tokens[i], c.logprobs[i])),
+                           top_logprobs=[_entry(text, t, lp) for t, lp in alts or []])
+               for i, alts in zip(positions, _alternatives(c, positions), strict=True)]
+    return ChatLogprobs(content=content, refusal=None)
+
+
+def _completion_logprobs(c: Choice, text: ModelText, positions: Sequence[int],
+                         offset: int = 0) -> CompletionLogprobs:
     """The logprobs of ``positions`` (consecutive; the first one's text starts at ``offset``)."""
-    alternatives = [None if c.topk is not None and c.topk[i] is None
-                    else [] if c.topk is None else (c.topk[i] or [])[:c.topk_k]
-                    for i in positions]
-    if kind == "chat":
-        content = [{**_entry(text, c.tokens[i], c.logprobs[i]),
-                    "top_logprobs": [_entry(text, t, lp) for t, lp in alts or []]}
-                   for i, alts in zip(positions, alternatives, strict=True)]
-        return {"content": content, "refusal": None}
+    alternatives = _alternatives(c, positions)
     offsets, at = [], offset
     for i in positions:
         offsets.append(at)
         at += len(c.pieces[i])
-    return {"tokens": [text.token_text(c.tokens[i]) for i in positions],
-            "token_logprobs": [c.logprobs[i] for i in positions],
-            "top_logprobs": ([None if alts is None else {text.token_text(t): lp for t, lp in alts}
-                              for alts in alternatives] if c.topk_k else None),
-            "text_offset": offsets}
+    top = ([None if alts is None else {text.token_text(t): lp for t, lp in alts}
+            for alts in alternatives] if c.topk_k else None)
+    return CompletionLogprobs(tokens=[text.token_text(c.tokens[i]) for i in positions],
+                              token_logprobs=[c.logprobs[i] for i in positions],
+                              top_logprobs=top, text_offset=offsets)
 
 
-def _entry(text: ModelText, token: int, logprob: float | None) -> dict[str, Any]:
+def _entry(text: ModelText, token: int, logprob: float | None) -> TopLogprob:
     piece = text.token_text(token)
-    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+    return TopLogprob(token=piece, logprob=logprob, bytes=list(piece.encode()))

@@ -12,10 +12,9 @@ result, rendered the same way as without ``stream``. Knows nothing of HTTP or th
 
 from __future__ import annotations
 
-from typing import Any
-
 from loraplex.api import openai_render
 from loraplex.api.openai_render import Choice, Kind
+from loraplex.api.openai_responses import Chunk, ResponseHead
 from loraplex.api.openai_text import ModelText, TextDeltas
 from loraplex.domain.sampling import SequenceDelta
 
@@ -29,7 +28,7 @@ class ChoiceStream:
         topk_k: alternatives per token asked for (None: no logprobs).
     """
 
-    def __init__(self, kind: Kind, head: dict[str, Any], index: int, text: ModelText,
+    def __init__(self, kind: Kind, head: ResponseHead, index: int, text: ModelText,
                  stops: list[str] | None, topk_k: int | None) -> None:
         self._kind, self._head, self._index, self._text = kind, head, index, text
         self._stops = stops or []
@@ -45,7 +44,7 @@ class ChoiceStream:
         self._stop_at: int | None = None  # where the first stop string in the text begins
         self.num_sent = 0
 
-    def feed(self, delta: SequenceDelta) -> list[dict[str, Any]]:
+    def feed(self, delta: SequenceDelta) -> list[Chunk]:
         """The chunks ``delta``'s tokens let go out now."""
         if delta.start != len(self._tokens):  # deltas only append; a gap is a bug upstream
             raise RuntimeError(f"choice {self._index}: tokens from {delta.start}, "
@@ -64,7 +63,7 @@ class ChoiceStream:
         self._find_stop(searched)
         return self._send(self._sendable())
 
-    def finish(self, final: Choice) -> list[dict[str, Any]]:
+    def finish(self, final: Choice) -> list[Chunk]:
         """The rest of the choice from its final rendering, and the finish chunk."""
         sent = self.num_sent
         if final.tokens[:sent] != self._tokens[:sent] or final.pieces[:sent] != \
@@ -99,11 +98,11 @@ class ChoiceStream:
             n -= 1
         return n
 
-    def _send(self, upto: int) -> list[dict[str, Any]]:
+    def _send(self, upto: int) -> list[Chunk]:
         if upto <= self.num_sent:
             return []
         partial = Choice(self._index, self._tokens, self._pieces, self._logprobs,
-                         self._topk if self._topk_k else None, self._topk_k, "", upto)
+                         self._topk if self._topk_k else None, self._topk_k, None, upto)
         out = [openai_render.token_chunk(self._kind, self._head, partial, self._text, i,
                                          self._ends[i - 1] if i else 0)
                for i in range(self.num_sent, upto)]

@@ -3,8 +3,9 @@
 Routes read their bodies raw (`api.body`) and validate them with the SDK's request models
 (`api.schemas`), so FastAPI's own document has the paths and the path / query parameters but
 no request bodies. `openapi_document` adds them from `REQUEST_BODIES` (JSON Schemas of the
-pydantic models; ``forward_backward`` takes a protobuf body), the ``X-API-Key`` scheme on every
-route that authenticates, and the one error shape of every 4xx (`api.errors.error_body`).
+pydantic models; ``forward_backward`` takes a protobuf body), the OpenAI routes' answers and
+stream chunks (`RESPONSE_BODIES`, `api.openai_responses`), the ``X-API-Key`` scheme on every
+route that authenticates, and the one error shape of every 4xx (`api.error_bodies`).
 A plain function of the app: nothing is cached, nothing is global but the route → model table.
 """
 
@@ -21,8 +22,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from loraplex.api import auth, openai_schemas, schemas
+from loraplex.api import auth, openai_responses, openai_schemas, schemas
 from loraplex.api.codec import PROTO_CONTENT_TYPE
+from loraplex.api.error_bodies import ErrorBody, OpenAIError
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 API_KEY_SCHEME = "ApiKey"
@@ -59,28 +61,19 @@ REQUEST_BODIES: dict[str, type[BaseModel]] = {
 """``METHOD /path`` → the model its route validates the JSON body with (the route's own
 ``parse_body`` / ``schemas.parse`` call; tests/fuzz/test_openapi.py checks the two agree)."""
 
-ERROR_JSON_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error", "category", "detail"],
-    "properties": {
-        "error": {"type": "string", "description": "what is wrong, naming the field"},
-        "detail": {"type": "string", "description": "the same message (the SDK prints it)"},
-        "category": {"type": "string", "enum": ["user", "server"]},
-        "field": {"type": "string", "description": "the offending field, when one is"},
-    },
+RESPONSE_BODIES: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
+    "POST /v1/completions": (openai_responses.CompletionResponse,
+                             openai_responses.CompletionChunk),
+    "POST /v1/chat/completions": (openai_responses.ChatCompletionResponse,
+                                  openai_responses.ChatCompletionChunk),
 }
+"""``METHOD /path`` → the body it answers and, with ``stream``, each server-sent event's chunk.
+Other routes' answers are FastAPI's own (the ``response_model`` of the route, where it has one).
+"""
 
-OPENAI_ERROR_JSON_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]},
-                       "code": {"type": ["string", "null"]}}}},
-}
-"""What the OpenAI-compatible routes (``/v1/…``) answer a refused request with."""
+ERROR_MODELS: dict[str, type[BaseModel]] = {ERROR_SCHEMA: ErrorBody,
+                                            OPENAI_ERROR_SCHEMA: OpenAIError}
+"""What a 4xx answers: Tinker routes `ErrorBody`, the OpenAI-compatible ones `OpenAIError`."""
 
 PROTOBUF_BODY: dict[str, Any] = {
     "required": True,
@@ -132,6 +125,13 @@ def _complete(operation: dict[str, Any], key: str, security: list[dict[str, Any]
     if security is not None:
         operation["security"] = security
     responses = operation.setdefault("responses", {})
+    if key in RESPONSE_BODIES:
+        whole, chunk = RESPONSE_BODIES[key]
+        responses["200"] = {
+            "description": "The completion; with ``stream``, server-sent events of chunks "
+                           "(``data: {chunk}``), ending with ``data: [DONE]``.",
+            "content": {"application/json": {"schema": _ref(whole)},
+                        "text/event-stream": {"schema": _ref(chunk)}}}
     responses.pop("422", None)  # schema failures are answered 400 (`api.errors`), never 422
     error = OPENAI_ERROR_SCHEMA if key.split(" ", 1)[1].startswith("/v1/") else ERROR_SCHEMA
     responses["4XX"] = {"description": "The request was refused; the body names the problem.",
@@ -139,13 +139,21 @@ def _complete(operation: dict[str, Any], key: str, security: list[dict[str, Any]
                             "$ref": REF_TEMPLATE.format(model=error)}}}}
 
 
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF_TEMPLATE.format(model=model.__name__)}
+
+
 def _body_schemas() -> dict[str, Any]:
-    """JSON Schemas of every request model (shared nested models once) and of the error."""
-    models = sorted(set(REQUEST_BODIES.values()), key=lambda m: m.__name__)
-    _, top = models_json_schema([(m, "validation") for m in models], ref_template=REF_TEMPLATE)
+    """JSON Schemas of every request, response and error model (shared nested models once)."""
+    requests = sorted(set(REQUEST_BODIES.values()), key=lambda m: m.__name__)
+    answers = sorted({m for pair in RESPONSE_BODIES.values() for m in pair}
+                     | set(ERROR_MODELS.values()), key=lambda m: m.__name__)
+    _, top = models_json_schema([(m, "validation") for m in requests]
+                                + [(m, "serialization") for m in answers],
+                                ref_template=REF_TEMPLATE)
     found: dict[str, Any] = dict(top.get("$defs", {}))
-    found[ERROR_SCHEMA] = copy.deepcopy(ERROR_JSON_SCHEMA)
-    found[OPENAI_ERROR_SCHEMA] = copy.deepcopy(OPENAI_ERROR_JSON_SCHEMA)
+    for name, model in ERROR_MODELS.items():
+        found[name] = found.pop(model.__name__)
     return found
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from loraplex.api import openai_render
 from loraplex.api.context import ServerContext
-from loraplex.api.errors import http_status, openai_error_body
+from loraplex.api.error_bodies import OpenAIError
+from loraplex.api.errors import http_status, openai_error
 from loraplex.api.longpoll import wait_for_news
 from loraplex.api.openai_render import Choice, Kind
+from loraplex.api.openai_responses import Chunk, ResponseHead
 from loraplex.api.openai_stream import ChoiceStream
 from loraplex.api.openai_text import ModelText
 from loraplex.domain.ops import Sampled
@@ -28,7 +29,8 @@ from loraplex.errors import LoraplexError, ServerError
 from loraplex.scheduler.catalog import ServedModel
 from loraplex.scheduler.futures import FutureEntry, FutureStore
 
-Chunk = dict[str, Any]
+Event = Chunk | OpenAIError
+"""What a stream sends: a chunk, or (last) the error that ended it."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class StreamShape:
     """
 
     kind: Kind
-    head: dict[str, Any]
+    head: ResponseHead
     n: int
     stops: list[str] | None
     topk: int | None
@@ -74,7 +76,7 @@ class StreamFeed:
         self._pending = list(range(len(request_ids)))  # prompts still sampling
         self._made: dict[int, Choice] = {}
 
-    async def start(self) -> AsyncIterator[Chunk]:
+    async def start(self) -> AsyncIterator[Event]:
         """Wait for the first tokens; a request that fails before any raises its error (and
         cancels the others). Returns the stream of chunks."""
         try:
@@ -88,7 +90,7 @@ class StreamFeed:
             raise
         return self._chunks(first)
 
-    async def _chunks(self, first: list[Chunk]) -> AsyncIterator[Chunk]:
+    async def _chunks(self, first: list[Chunk]) -> AsyncIterator[Event]:
         try:
             if self._shape.kind == "chat":
                 for i in range(len(self._streams)):
@@ -100,7 +102,7 @@ class StreamFeed:
                 try:
                     chunks = self._poll()
                 except LoraplexError as exc:
-                    yield openai_error_body(exc, http_status(exc))
+                    yield openai_error(exc, http_status(exc))
                     return
                 for chunk in chunks:
                     yield chunk

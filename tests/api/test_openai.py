@@ -6,6 +6,7 @@ seed and parameters → the same tokens and logprobs) and transformers' tokenize
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -337,7 +338,7 @@ def test_first_tokens_arrive_while_sampling_and_a_closed_stream_frees_its_pages(
 
 
 def test_ignore_eos_keeps_the_stop_strings_and_drops_eos(server: Server) -> None:
-    from loraplex.api.routes.sampling import base_sampler, prepare_sample, sample_request
+    from loraplex.api.samplers import base_sampler, prepare_sample, sample_request
 
     params = types.SamplingParams(max_tokens=5, stop=["x", "yz"])
     body = sample_request([2, 3, 4], 1, params, 0)
@@ -347,3 +348,45 @@ def test_ignore_eos_keeps_the_stop_strings_and_drops_eos(server: Server) -> None
                              ignore_eos=True).item.op.work.params.stop  # type: ignore[union-attr]
     assert plain.use_eos and not ignored.use_eos  # type: ignore[union-attr]
     assert ignored.strings == plain.strings == ("x", "yz")  # type: ignore[union-attr]
+
+
+def test_bodies_and_chunks_are_the_documented_models(server: Server,
+                                                     new_key: Callable[[], str]) -> None:
+    """What the routes send validates as the response models `/openapi.json` names, and a
+    field a response does not carry is left out (``token_ids`` unless asked; ``usage`` only
+    in the last chunk; ``role`` only in a chat choice's first delta)."""
+    from loraplex.api import openai_responses as r
+
+    headers = {"Authorization": f"Bearer {new_key()}"}
+
+    def post(path: str, **body: Any) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/{path}", json={"model": MODEL, "max_tokens": 6,
+                          "seed": 3, **body}, headers=headers, trust_env=False, timeout=60)
+
+    plain = post("completions", prompt="Once upon", logprobs=2, echo=True).json()
+    r.CompletionResponse.model_validate(plain, strict=True)
+    assert "token_ids" not in plain["choices"][0]
+    ids = post("completions", prompt="Once upon", return_token_ids=True).json()
+    assert r.CompletionResponse.model_validate(ids).choices[0].token_ids
+    chat = post("chat/completions", messages=[{"role": "user", "content": "Hi"}],
+                logprobs=True, top_logprobs=2).json()
+    r.ChatCompletionResponse.model_validate(chat, strict=True)
+    for path, body, model in [("completions", {"prompt": "Once"}, r.CompletionChunk),
+                              ("chat/completions", {"messages": [{"role": "user",
+                                                                  "content": "Hi"}]},
+                               r.ChatCompletionChunk)]:
+        events = post(path, stream=True, stream_options={"include_usage": True},
+                      **body).text.split("\n\n")
+        chunks = [json.loads(e.removeprefix("data: ")) for e in events
+                  if e.startswith("data: {")]
+        for chunk in chunks:
+            model.model_validate(chunk, strict=True)
+        assert [("usage" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        if model is r.ChatCompletionChunk:
+            roles = ["role" in c["choices"][0]["delta"] for c in chunks[:-1]]
+            assert roles == [True] + [False] * (len(roles) - 1)
+    doc = httpx.get(f"{server.url}/openapi.json", trust_env=False, timeout=30).json()
+    answer = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert answer["application/json"]["schema"]["$ref"].endswith("/ChatCompletionResponse")
+    assert answer["text/event-stream"]["schema"]["$ref"].endswith("/ChatCompletionChunk")
+    assert "ChatLogprob" in doc["components"]["schemas"]

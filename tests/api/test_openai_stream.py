@@ -15,6 +15,7 @@ import pytest
 
 from loraplex.api import openai_render
 from loraplex.api.openai_render import Kind
+from loraplex.api.openai_responses import ResponseHead, wire
 from loraplex.api.openai_stream import ChoiceStream
 from loraplex.api.openai_text import ModelText
 from loraplex.domain.sampling import (
@@ -27,7 +28,7 @@ from loraplex.domain.sampling import (
 
 EOS = 1021
 WORDS = ["héllo", " 世界", " 🎉", " naïve", " the", " cat", "\n", " ünïcödé", " ok", "!!"]
-HEAD = {"id": "cmpl-test", "created": 0, "model": "m"}
+HEAD = ResponseHead(id="cmpl-test", created=0, model="m")
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +98,14 @@ def test_streamed_chunks_are_the_whole_results_chunks(text: ModelText, kind: Kin
         seq = _sequence(tokens, reason, topk_k or 0, rng)
         result = SampleResult((seq,))
         made = openai_render.choices([result], text, [EOS], stops, topk_k)
-        whole = [c for c in openai_render.chunks(kind, HEAD, made, text, None)
-                 if kind == "completion" or "role" not in c["choices"][0]["delta"]]
+        whole = [wire(c) for c in openai_render.chunks(kind, HEAD, made, text, None)]
+        whole = [c for c in whole if kind == "completion" or "role" not in c["choices"][0]["delta"]]
         stream = ChoiceStream(kind, HEAD, 0, text, stops, topk_k)
         got: list[dict[str, Any]] = []
         for delta in _deltas(seq, rng):
-            got += stream.feed(delta)
+            got += map(wire, stream.feed(delta))
         sent_early += len(got)
-        got += stream.finish(made[0])
+        got += map(wire, stream.finish(made[0]))
         assert got == whole, (tokens, stops, reason)
     assert sent_early > 1000, "most tokens go out before the request finishes"
 
@@ -116,4 +117,4 @@ def test_a_token_waits_while_a_stop_string_may_begin_in_it(text: ModelText) -> N
     assert sent == [] and stream.num_sent == 0, "' cat' may start ' cat sat'"
     free = ChoiceStream("completion", HEAD, 0, text, None, None)
     sent = free.feed(SequenceDelta("r", 0, 0, array("i", tokens), array("f", [0.0] * 2)))
-    assert [c["choices"][0]["text"] for c in sent] == [" the"], "the newest token waits"
+    assert [wire(c)["choices"][0]["text"] for c in sent] == [" the"], "the newest token waits"

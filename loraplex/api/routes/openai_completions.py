@@ -20,7 +20,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -35,33 +34,19 @@ from loraplex.api.convert import check_tokens
 from loraplex.api.longpoll import wait_until_done
 from loraplex.api.model_input import check_prompt_images
 from loraplex.api.openai_render import Kind
-from loraplex.api.openai_schemas import OpenAIRequest
-from loraplex.api.openai_text import ModelText, ModelTexts, check_text_budget
-from loraplex.api.routes.sampling import (
-    admit_sample,
-    base_sampler,
-    path_sampler,
-    prepare_sample,
-    sample_request,
-    session_sampler,
+from loraplex.api.openai_responses import (
+    Chunk,
+    ResponseHead,
+    wire,
 )
-from loraplex.api.sample_stream import StreamFeed, StreamShape, finished_sample
-from loraplex.domain.ids import TINKER_SCHEME, TinkerPath
+from loraplex.api.openai_schemas import OpenAIRequest
+from loraplex.api.openai_text import ModelText, check_text_budget
+from loraplex.api.sample_stream import Event, StreamFeed, StreamShape, finished_sample
+from loraplex.api.samplers import Target, admit_sample, prepare_sample, resolve, sample_request
 from loraplex.domain.sampling import SampleResult
-from loraplex.errors import NotFoundError, user_error
-from loraplex.scheduler.catalog import ServedModel
-from loraplex.store.samplers import SamplerRecord
+from loraplex.errors import user_error
 
 router = APIRouter(prefix="/v1")
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a request's ``model`` resolves to."""
-
-    sampler: SamplerRecord
-    served: ServedModel
-    text: ModelText
 
 
 @router.post("/completions")
@@ -119,28 +104,6 @@ def with_images(tokens: list[int], images: list[tuple[bytes, str, str]],
     return sdk.ModelInput(chunks=chunks)
 
 
-def resolve(request: Request, ctx: ServerContext, tenant: str, model: str) -> Target:
-    """``model`` → the sampler, its served model and tokenizer.
-
-    Raises:
-        NotFoundError: no such model, session or checkpoint for this caller (HTTP 404).
-    """
-    if model.startswith(TINKER_SCHEME):
-        if TinkerPath.parse(model, "model").kind != "sampler_weights":
-            raise user_error("model", "expected a tinker://…/sampler_weights/… path")
-        sampler = path_sampler(ctx, tenant, model, "model")
-    elif ":sample:" in model:
-        sampler = session_sampler(ctx, tenant, model, "model")
-    elif model in {m.name for m in ctx.catalog}:
-        sampler = base_sampler(ctx, tenant, model, "model")
-    else:
-        raise NotFoundError(f"model: no model {model!r} (GET /v1/models lists them)",
-                            field="model")
-    served = ctx.catalog.get(sampler.base_model, "model")
-    texts: ModelTexts = request.app.state.model_texts
-    return Target(sampler, served, texts.of(served))
-
-
 def _completion_prompts(prompt: str | list[str] | list[int] | list[list[int]],
                         text: ModelText) -> list[list[int]]:
     if isinstance(prompt, str):
@@ -177,8 +140,8 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
     # all queued before any is awaited, so they can share a batch
     request_ids = [admit_sample(p).request_id for p in prepared]
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
-    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": body.model}
+    head = ResponseHead(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()),
+                        model=body.model)
     if streamed:
         feed = StreamFeed(ctx, tenant, StreamShape(kind, head, body.n, stops, topk,
                                                    body.include_usage_chunk),
@@ -192,8 +155,8 @@ async def _respond(request: Request, ctx: ServerContext, tenant: str, kind: Kind
         chunks = openai_render.chunks(kind, head, made, target.text,
                                       counts if body.include_usage_chunk else None)
         return StreamingResponse(_events(_whole(chunks)), media_type="text/event-stream")
-    return JSONResponse(openai_render.body(kind, head, made, target.text, counts,
-                                           body.return_token_ids))
+    return JSONResponse(wire(openai_render.body(kind, head, made, target.text, counts,
+                                                body.return_token_ids)))
 
 
 async def _result(ctx: ServerContext, tenant: str, request_id: str) -> SampleResult:
@@ -206,12 +169,12 @@ async def _result(ctx: ServerContext, tenant: str, request_id: str) -> SampleRes
     return finished_sample(ctx.futures, entry)
 
 
-async def _whole(chunks: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+async def _whole(chunks: Iterator[Chunk]) -> AsyncIterator[Chunk]:
     for chunk in chunks:
         yield chunk
 
 
-async def _events(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+async def _events(chunks: AsyncIterator[Event]) -> AsyncIterator[str]:
     async for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
+        yield f"data: {json.dumps(wire(chunk))}\n\n"
     yield "data: [DONE]\n\n"

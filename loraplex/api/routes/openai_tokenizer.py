@@ -16,7 +16,7 @@ from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.openai_text import ModelText, ModelTexts, check_text_budget
-from loraplex.api.routes.openai_completions import resolve
+from loraplex.api.samplers import resolve
 from loraplex.domain.tokens import check_token_range
 from loraplex.errors import user_error
 from loraplex.scheduler.catalog import ServedModel
