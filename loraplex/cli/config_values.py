@@ -4,7 +4,10 @@ Two raw forms: *text* (an environment variable) and *data* (a TOML value, or a f
 argparse already typed). Supported annotations: ``int``, ``float``, ``bool``, ``str``,
 ``Literal[...]``, ``Any``, unions (``X | None``), ``tuple[X, ...]`` and fixed tuples,
 ``Mapping[K, V]`` / ``dict[K, V]`` and dataclasses used as values (a table of their fields, or
-the ``NAME=SOURCE``-style text their ``parse`` accepts). Knows nothing of sections or sources;
+the ``NAME=SOURCE``-style text their ``parse`` accepts). The walk over an annotation (unions
+and the none words, comma-separated tuples, tables of pairs, dataclasses and their unknown keys)
+is the config syntax's own; every leaf (a scalar or a ``Literal``) is validated by pydantic's
+``TypeAdapter``, strict for TOML data, lax for text. Knows nothing of sections or sources;
 an annotation it cannot read is a programming error (`TypeError`), which
 ``tests/test_config.py`` (``test_every_field_is_reachable_from_*``) catches for every new
 field.
@@ -19,6 +22,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
+
+import pydantic
 
 from loraplex.errors import UserError
 
@@ -53,14 +58,8 @@ def from_text(text: str, tp: Any) -> Any:
         if word not in BOOL_WORDS:
             raise BadValue(f"expected one of true/false/yes/no/1/0, got {text!r}")
         return BOOL_WORDS[word]
-    if tp in (int, float):
-        try:
-            return tp(text.strip())
-        except ValueError:
-            raise BadValue(f"expected {'an integer' if tp is int else 'a number'}, "
-                           f"got {text!r}") from None
-    if tp is str:
-        return text
+    if tp in (int, float, str):
+        return _leaf(text.strip() if tp is not str else text, tp, strict=False)
     if origin is tuple and not text.lstrip().startswith("["):
         items = [item.strip() for item in text.split(",") if item.strip()]
         return _tuple(items, args, from_text)
@@ -93,12 +92,8 @@ def from_data(value: Any, tp: Any) -> Any:
         return _union(value, args, from_data, is_none=is_none)
     if tp is Any:
         return value
-    if origin is Literal:
-        if value in args:
-            return value
-        raise BadValue(f"expected one of {list(args)}, got {value!r}")
-    if tp in (bool, int, float, str):
-        return _scalar(value, tp)
+    if origin is Literal or tp in (bool, int, float, str):
+        return _leaf(value, tp, strict=True)
     if origin is tuple:
         return _tuple_data(value, args)
     if origin in (Mapping, dict):
@@ -122,15 +117,24 @@ def to_data(value: Any) -> Any:
     return value
 
 
-def _scalar(value: Any, tp: type) -> Any:
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is float and is_number:
-        return float(value)
-    if tp is int and is_number and isinstance(value, int):
-        return value
-    if tp in (bool, str) and isinstance(value, tp):
-        return value
-    raise BadValue(f"expected {tp.__name__}, got {value!r}")
+@functools.cache
+def _adapter(tp: Any) -> pydantic.TypeAdapter[Any]:
+    return pydantic.TypeAdapter(tp)
+
+
+def _leaf(value: Any, tp: Any, strict: bool) -> Any:
+    """A scalar or ``Literal`` value by pydantic: strict for data (an int field refuses
+    ``"8"`` and ``true``; a float field takes ints), lax for an environment variable's text."""
+    try:
+        return _adapter(tp).validate_python(value, strict=strict)
+    except pydantic.ValidationError:
+        raise BadValue(f"expected {_describe(tp)}, got {value!r}") from None
+
+
+def _describe(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return f"one of {list(typing.get_args(tp))}"
+    return {int: "an integer", float: "a number"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _union(raw: Any, args: tuple[Any, ...], read: Callable[[Any, Any], Any], is_none: bool
