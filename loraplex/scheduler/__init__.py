@@ -4,7 +4,7 @@ metering and observability.
 
 Pure Python: never imports torch or the engine; it reaches the engine only through the
 `BatchExecutor` protocol in `executor.py`. Flow: `ops` (what the API submits) → `scheduler`
-(queues, `plan`, `complete`; policy in its docstring) → `runner` (the engine call) → `effects`
+(queues, `plan`, `complete`; policy in `planner`) → `runner` (the engine call) → `effects`
 (store updates) → `futures` (what retrieve_future reads); `clock` drives it on a dedicated
 thread. Each completed plan leaves a `metrics.CycleRecord` and per-op `usage.OpUsage` records
 (priced by `billing`).

@@ -2,10 +2,11 @@
 
 For a completed plan (clock thread) and for the file work of saves and checkpoint reads (IO
 threads): advance the model queues and the sampling queue, apply each op's store effects,
-resolve or fail its future, and meter it. Queue and residency state belongs to the `Scheduler`
-and is only touched under its lock; effects, futures and metering are thread-safe and run
-outside it. A save's or load's model queue is freed only after its effects are applied, so the
-next op of that model never starts before the checkpoint it wrote is listed.
+resolve or fail its future, and meter it. Queue and residency state is the `SchedulerState`
+the scheduler hands in, only touched under its lock; effects, futures and metering are
+thread-safe and run outside it. A save's or load's model queue is freed only after its effects
+are applied, so the next op of that model never starts before the checkpoint it wrote is
+listed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, assert_never
+from typing import TypeVar, assert_never
 
 from loraplex.domain.ops import (
     ControlPlan,
@@ -39,13 +40,14 @@ from loraplex.domain.usage import OpUsage
 from loraplex.domain.work import ForwardBackwardWork, LoadWork, OptimStepWork, SaveWork
 from loraplex.errors import LoraplexError, WorkerLostError, server_bug
 from loraplex.scheduler.effects import Effects
+from loraplex.scheduler.executor import BatchExecutor
+from loraplex.scheduler.futures import FutureStore
+from loraplex.scheduler.metrics import SchedulerMetrics
 from loraplex.scheduler.residency import sample_op
 from loraplex.scheduler.runner import PlanOutcome
-from loraplex.scheduler.step_log import step_point
-from loraplex.scheduler.usage import engine_shares, op_usage
-
-if TYPE_CHECKING:  # the Scheduler owns its Completion: a back-reference, annotation only
-    from loraplex.scheduler.scheduler import Scheduler
+from loraplex.scheduler.scheduler_state import SchedulerState
+from loraplex.scheduler.step_log import StepLog, step_point
+from loraplex.scheduler.usage import UsageLog, engine_shares, op_usage
 
 T = TypeVar("T")
 
@@ -61,18 +63,34 @@ class Finished:
 
 
 class Completion:
-    """Finishes the ops of one scheduler (see the module docstring)."""
+    """Finishes the ops of one scheduler (see the module docstring).
 
-    def __init__(self, scheduler: Scheduler, effects: Effects) -> None:
-        self._s = scheduler
+    Args:
+        state: the scheduler's shared state (queues, samples, residency, in-flight counts).
+        effects: store side effects of finished ops.
+        executor: the engine, for the file work of saves and checkpoint reads.
+        futures, usage, steps, metrics: where finished ops are resolved and recorded.
+        clock: the scheduler's clock (what ``enqueued_at`` is measured on).
+    """
+
+    def __init__(self, state: SchedulerState, effects: Effects, *, executor: BatchExecutor,
+                 futures: FutureStore, usage: UsageLog, steps: StepLog,
+                 metrics: SchedulerMetrics, clock: Callable[[], float]) -> None:
+        self._state = state
         self.effects = effects
+        self._executor = executor
+        self._futures = futures
+        self._usage = usage
+        self._steps = steps
+        self._metrics = metrics
+        self._clock = clock
         self._tokens_since_step: Counter[str] = Counter()
 
     # ---- clock thread ---------------------------------------------------------------------
 
     def finish_plan(self, plan: Plan, outcome: PlanOutcome) -> list[Finished]:
         """Advance the queues past ``plan``'s finished items; returns them."""
-        with self._s.lock:
+        with self._state.lock:
             match plan:
                 case SamplePlan():
                     return self._finish_samples(outcome)
@@ -92,15 +110,15 @@ class Completion:
                 result = outcome.bug or outcome.outcomes.get(item.request_id)
                 if result is None:
                     result = server_bug(RuntimeError("executor dropped a work item"), "complete")
-                queue = self._s.queue_of(item)
+                queue = self._state.queue_of(item)
                 queue.finish_one()
-                self._s.op_done(item.tenant)
+                self._state.op_done(item.tenant)
                 finished.append(Finished(item, result, shares.get(item.request_id, 0.0),
                                          queue.base_model))
             return finished
 
     def _finish_samples(self, outcome: PlanOutcome) -> list[Finished]:
-        samples = self._s.samples
+        samples = self._state.samples
         samples.charge(outcome.engine_s)
         ids = samples.running_ids() if outcome.bug else list(outcome.outcomes)
         finished = []
@@ -111,8 +129,8 @@ class Completion:
             item, engine_s = done
             op = sample_op(item)
             if op.work.adapter_id is not None:
-                self._s.residency.release(op.work.adapter_id)
-            self._s.op_done(item.tenant)
+                self._state.residency.release(op.work.adapter_id)
+            self._state.op_done(item.tenant)
             finished.append(Finished(item, outcome.bug or outcome.outcomes[rid], engine_s,
                                      op.base_model))
         return finished
@@ -126,9 +144,9 @@ class Completion:
             if error is not None:
                 self._fail_waiting(install.adapter_id, error)
             else:
-                with self._s.lock:
-                    self._s.residency.mark_installed(install.adapter_id)
-                    self._s.done_reading(install.adapter_id)
+                with self._state.lock:
+                    self._state.residency.mark_installed(install.adapter_id)
+                    self._state.done_reading(install.adapter_id)
 
     # ---- IO threads -----------------------------------------------------------------------
 
@@ -140,17 +158,17 @@ class Completion:
             case SaveOp():
                 work = SaveWork(adapter_id=op.model_id, directory=op.checkpoint.directory,
                                 with_optimizer=op.with_optimizer, peft_export=True)
-                saved = _guarded(lambda: self._s.executor.save_adapter(work), "save_adapter",
+                saved = _guarded(lambda: self._executor.save_adapter(work), "save_adapter",
                                  self.effects.checkpoints.storage_error)
                 self._finish_io(item, saved, began, started_at)
             case LoadOp():
-                read = _guarded(lambda: self._s.executor.read_checkpoint(op.work),
+                read = _guarded(lambda: self._executor.read_checkpoint(op.work),
                                 "read_checkpoint")
                 if isinstance(read, LoraplexError):
                     self._finish_io(item, read, began, started_at)
                     return
-                with self._s.lock:
-                    queued = self._s.add_install(Install(op.work.adapter_id, read, item))
+                with self._state.lock:
+                    queued = self._state.add_install(Install(op.work.adapter_id, read, item))
                 if not queued:  # read just before its worker was lost: fail it, retryably
                     lost = WorkerLostError("the engine worker was lost before this load "
                                            "was installed; retry it")
@@ -164,37 +182,39 @@ class Completion:
     def read_sampler_adapter(self, adapter_id: str, directory: str) -> None:
         """Read a sampler's checkpoint for the samples waiting on it (IO thread)."""
         work = LoadWork(adapter_id, directory, with_optimizer=False, frozen=True)
-        read = _guarded(lambda: self._s.executor.read_checkpoint(work), "read_checkpoint")
+        read = _guarded(lambda: self._executor.read_checkpoint(work), "read_checkpoint")
         if isinstance(read, LoraplexError):
             self._fail_waiting(adapter_id, read)
             return
-        with self._s.lock:
-            self._s.add_install(Install(adapter_id, read))
+        with self._state.lock:
+            self._state.add_install(Install(adapter_id, read))
 
     def _finish_io(self, item: WorkItem, result: ItemOutcome, began: float,
                    started_at: float) -> None:
-        if isinstance(result, WorkerLostError) and self._s.io_lost(item, result):
-            return  # failed by the evacuation, with the restore checkpoint in its message
+        if isinstance(result, WorkerLostError):
+            with self._state.lock:
+                if self._state.io_lost(item, result):
+                    return  # failed by the evacuation, with the restore checkpoint in its message
         io_s = time.perf_counter() - began
-        with self._s.lock:
-            queue = self._s.queue_of(item)
+        with self._state.lock:
+            queue = self._state.queue_of(item)
         usage = self.deliver(Finished(item, result, io_s, queue.base_model))
-        with self._s.lock:
+        with self._state.lock:
             queue.finish_one()
-            self._s.op_done(item.tenant)
-            self._s.notify_locked()
-        self._s.usage.add([usage])
-        self._s.metrics.io_done(item, io_s, usage, started_at, started_at - item.enqueued_at)
+            self._state.op_done(item.tenant)
+            self._state.notify_locked()
+        self._usage.add([usage])
+        self._metrics.io_done(item, io_s, usage, started_at, started_at - item.enqueued_at)
 
     def _fail_waiting(self, adapter_id: str, error: LoraplexError) -> None:
-        with self._s.lock:
-            items = self._s.samples.take_waiting(
+        with self._state.lock:
+            items = self._state.samples.take_waiting(
                 lambda it: sample_op(it).work.adapter_id == adapter_id)
-            self._s.done_reading(adapter_id)
+            self._state.done_reading(adapter_id)
             for item in items:
-                self._s.op_done(item.tenant)
-        self._s.usage.add([self.deliver(Finished(it, error, 0.0, sample_op(it).base_model))
-                           for it in items])
+                self._state.op_done(item.tenant)
+        self._usage.add([self.deliver(Finished(it, error, 0.0, sample_op(it).base_model))
+                         for it in items])
 
     # ---- any thread -----------------------------------------------------------------------
 
@@ -211,28 +231,28 @@ class Completion:
             except Exception as exc:  # a store failure must not kill the clock loop
                 result = server_bug(exc, f"effects of {item.kind}")
             else:
-                self._s.futures.resolve(item.request_id, value)
+                self._futures.resolve(item.request_id, value)
                 point = step_point(item, result)
                 if point is not None:
-                    self._s.steps.add([point])
+                    self._steps.add([point])
         if isinstance(result, LoraplexError):
             self._fail(item, result)
-        self._s.metrics.op_finished(item.kind, self._s.now() - item.enqueued_at)
+        self._metrics.op_finished(item.kind, self._clock() - item.enqueued_at)
         return op_usage(item, result, done.engine_s, done.base_model)
 
     def _note_success(self, item: WorkItem, result: ItemOutcome) -> None:
         """Scheduler-side bookkeeping of a success: tokens since the last step, and the new
         sampler version a snapshot created."""
         op = item.op
-        with self._s.lock:
+        with self._state.lock:
             match op:
                 case ForwardBackwardWork():
                     if not op.forward_only:
                         self._tokens_since_step[op.adapter_id] += op.num_tokens
                 case SnapshotOp():
                     if isinstance(result, AdapterReady):
-                        self._s.residency.add_snapshot(op.model_id, result.adapter_id,
-                                                       inflight=op.kind == "inflight")
+                        self._state.residency.add_snapshot(op.model_id, result.adapter_id,
+                                                           inflight=op.kind == "inflight")
                 case (CreateModelOp() | LoadOp() | OptimStepWork() | SaveOp() | SampleOp()
                       | FailedOp()):
                     pass
@@ -242,16 +262,17 @@ class Completion:
     def _step_tokens(self, item: WorkItem) -> int:
         if not isinstance(item.op, OptimStepWork):
             return 0
-        with self._s.lock:
+        with self._state.lock:
             return self._tokens_since_step.pop(item.op.adapter_id, 0)
 
     def _fail(self, item: WorkItem, error: LoraplexError) -> None:
         if item.model_id is not None and new_run_of(item.op) is not None:
-            self._s.release_model(item.model_id)  # the run never came to life: drop its queue
+            with self._state.lock:  # the run never came to life: drop its queue
+                self._state.close_model(item.model_id)
         try:
             self.effects.failed(item, error)
         finally:
-            self._s.futures.fail(item.request_id, error)
+            self._futures.fail(item.request_id, error)
 
 
 def _guarded(call: Callable[[], T], what: str,

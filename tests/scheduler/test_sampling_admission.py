@@ -43,7 +43,7 @@ def test_admission_is_bounded_by_the_kv_budget_and_fair_across_tenants(
     s.complete(plan, run_plan(toy, plan))
     steps = 1
     while (plan := s.plan()) is not None:
-        assert s._samples.num_reserved <= 16
+        assert s._state.samples.num_reserved <= 16
         assert toy.num_running_samples() + len(plan.admit) <= 2  # type: ignore[union-attr]
         s.complete(plan, run_plan(toy, plan))
         steps += 1
@@ -105,7 +105,7 @@ def test_training_and_sampling_both_progress_by_engine_time(
         s.submit(sample([2, 3], max_tokens=400))
     fake_s = {CyclePlan: 0.02, SamplePlan: 0.005}  # engine seconds each kind of plan "takes"
     engine = {CyclePlan: 0.0, SamplePlan: 0.0}
-    while s._has_training() and s._samples.has_work():  # the stretch where both wait
+    while s._planner.has_training() and s._state.samples.has_work():  # the stretch where both wait
         plan = s.plan()
         assert plan is not None
         outcome = replace(run_plan(toy, plan), engine_s=fake_s[type(plan)])
@@ -178,7 +178,7 @@ def test_cancelled_samples_leave_the_queue_and_the_engine(toy: ToyExecutor, stor
     entry = s.futures.get(running.request_id, "alice")
     assert entry.is_done and entry.error is not None and "cancelled" in entry.error.message
     assert toy.num_running_samples() == 0 and s.plan() is None
-    assert s._samples.num_reserved == 0 and s._inflight["alice"] == 0
+    assert s._state.samples.num_reserved == 0 and s._state.inflight["alice"] == 0
 
 
 def test_a_burst_of_long_prompts_is_admitted_over_steps_and_a_short_one_goes_first(
@@ -222,8 +222,8 @@ def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stor
                        decode_steps_per_cycle=1)
 
     def alice_holds() -> int:
-        return sum(s._samples._reserved[rid] for rid in s._samples.running_ids()
-                   if s._samples._running[rid].tenant == "alice")
+        return sum(s._state.samples._reserved[rid] for rid in s._state.samples.running_ids()
+                   if s._state.samples._running[rid].tenant == "alice")
 
     def step() -> list[WorkItem]:
         before = alice_holds()
@@ -231,7 +231,7 @@ def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stor
         assert isinstance(plan, SamplePlan)
         s.complete(plan, run_plan(toy, plan))
         clock.now += 0.1
-        if s._samples.num_waiting("bob") or any(it.tenant == "bob" for it in plan.admit):
+        if s._state.samples.num_waiting("bob") or any(it.tenant == "bob" for it in plan.admit):
             gained = [it for it in plan.admit if it.tenant == "alice"]
             assert not gained or before < 100, "alice takes more only under her share"
         return list(plan.admit)
@@ -248,7 +248,7 @@ def test_a_tenant_keeps_room_for_others_while_they_sample(toy: ToyExecutor, stor
         later = sample([4, 5], tenant="bob", max_tokens=18)
         s.submit(later)
         assert later.request_id in [it.request_id for it in step()], "room is kept for bob"
-    while s._samples.has_work():
+    while s._state.samples.has_work():
         step()
 
 
