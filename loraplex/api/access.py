@@ -87,3 +87,10 @@ def check_checkpoint_quota(ctx: ServerContext, tenant: str) -> None:
     if stored >= limit:
         raise QuotaError(f"path: the tenant's checkpoints hold {stored} bytes (quota {limit});"
                          " delete some or let their TTL pass", field="path")
+
+
+def release_session(ctx: ServerContext, session_id: str) -> None:
+    """Free the engine memory of a session's training runs (records and checkpoints stay)."""
+    for run in ctx.stores.runs.for_session(session_id):
+        for served in ctx.catalog:
+            served.lanes.release_model(run.run.model_id)

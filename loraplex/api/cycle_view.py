@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loraplex.api.context import ServerContext
-from loraplex.api.routes.stats import LaneView, served_schedulers
+from loraplex.api.lane_views import LaneView, served_schedulers
 from loraplex.errors import user_error
 from loraplex.scheduler.metrics import CycleRecord
 

@@ -9,9 +9,8 @@ import asyncio
 import logging
 import time
 
-from loraplex.api.access import forget_checkpoint
+from loraplex.api.access import forget_checkpoint, release_session
 from loraplex.api.context import ServerContext
-from loraplex.api.routes.sessions import release_session
 from loraplex.store.archive import sweep_archives
 
 log = logging.getLogger("loraplex.api")

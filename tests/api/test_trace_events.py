@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from loraplex.api.cycle_view import LaneCycles
-from loraplex.api.routes.stats import LaneView
+from loraplex.api.lane_views import LaneView
 from loraplex.api.routes.trace import TRACKS, lane_events
 from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
 

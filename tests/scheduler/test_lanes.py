@@ -262,7 +262,8 @@ def test_a_worker_computing_other_bits_is_flagged_and_a_dead_one_is_reported_los
     """Two workers whose logprob bits would differ (`ModelInfo.compute`) make the lanes log a
     warning and set `mixed_compute`; `/stats`'s worker entry shows each one's compute and a
     dead worker as lost instead of failing the whole answer."""
-    from loraplex.api.routes.stats import LaneView, worker_json
+    from loraplex.api.lane_views import LaneView
+    from loraplex.api.routes.stats import worker_json
 
     lanes, _ = pool
     assert not lanes.mixed_compute, "two workers that compute alike"

@@ -21,6 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from loraplex.api.access import readable_checkpoint
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ServerContext, ctx_of
+from loraplex.api.download_links import api_root, archive_link
 from loraplex.api.signing import quote_path
 from loraplex.domain.ids import TinkerPath
 from loraplex.errors import NotFoundError, user_error
@@ -58,7 +59,7 @@ async def external_weights_urls(run_id: str, kind: str, name: str, request: Requ
     for rel in _files(record.directory):
         resource = f"files/{run_id}/{kind}/{name}/{rel}"
         query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
-        urls[rel] = f"{_api_root(request)}/{quote_path(resource)}?{query}"
+        urls[rel] = f"{api_root(request)}/{quote_path(resource)}?{query}"
     if not urls:
         _, expires = ctx.signer.sign("", tenant, ctx.config.download_url_ttl_s)
     return {"urls": urls, "expires": _expiry_iso(expires)}
@@ -98,15 +99,6 @@ async def download_archive(run_id: str, kind: str, name: str, t: str, expires: i
     return FileResponse(tar, media_type="application/x-tar", filename=f"{name}.tar")
 
 
-def archive_link(ctx: ServerContext, request: Request, tenant: str, path: TinkerPath
-                 ) -> tuple[str, int]:
-    """A signed URL of ``path``'s tar archive as made for ``tenant`` (who may read it), and
-    its expiry (Unix seconds)."""
-    resource = f"archives/{path.run_id}/{path.kind}/{path.name}.tar"
-    query, expires = ctx.signer.sign(resource, tenant, ctx.config.download_url_ttl_s)
-    return f"{_api_root(request)}/{quote_path(resource)}?{query}", expires
-
-
 def _still_readable(ctx: ServerContext, tenant: str, run_id: str, kind: str, name: str
                     ) -> CheckpointRecord:
     """The checkpoint a signed URL names, if the tenant it was made for may still read it."""
@@ -115,7 +107,3 @@ def _still_readable(ctx: ServerContext, tenant: str, run_id: str, kind: str, nam
     if record is None or not record.readable_by(tenant):
         raise NotFoundError("the checkpoint was deleted or is no longer published")
     return record
-
-
-def _api_root(request: Request) -> str:
-    return str(request.base_url).rstrip("/") + "/api/v1"

@@ -6,6 +6,7 @@ finishes), ``GET /api/v1/loraplex/evals?path=…`` lists those of checkpoints th
 from __future__ import annotations
 
 import asyncio
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -31,7 +32,7 @@ async def put_evals(request: Request, tenant: Tenant) -> dict[str, Any]:
     path = str(ctx.stores.checkpoints.get_owned(TinkerPath.parse(body.path, "path"), tenant,
                                                 "path").path)
     stored = await asyncio.to_thread(ctx.stores.eval_scores.put, path, scores)
-    return {"path": path, "scores": [score_json(s) for s in stored]}
+    return {"path": path, "scores": [asdict(s) for s in stored]}
 
 
 @router.get("/evals")
@@ -47,10 +48,8 @@ async def get_evals(request: Request, tenant: Tenant,
 def _readable_scores(ctx: ServerContext, tenant: str, paths: list[str]
                      ) -> dict[str, list[dict[str, Any]]]:
     readable = [str(readable_checkpoint(ctx, tenant, p)[0].path) for p in paths]
-    return {p: [score_json(s) for s in scores]
+    return {p: [asdict(s) for s in scores]
             for p, scores in ctx.stores.eval_scores.list_for(readable).items()}
 
 
-def score_json(s: EvalScore) -> dict[str, Any]:
-    return {"task": s.task, "metric": s.metric, "value": s.value, "stderr": s.stderr,
-            "num_samples": s.num_samples, "created_at": s.created_at}
+#END

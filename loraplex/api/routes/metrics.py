@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from loraplex.api.auth import caller_if_any
 from loraplex.api.context import ServerContext
-from loraplex.api.routes.stats import WINDOWS_S, served_schedulers
+from loraplex.api.lane_views import WINDOWS_S, served_schedulers
 from loraplex.domain.usage import TOKEN_TYPES
 from loraplex.scheduler.histogram import Histogram
 from loraplex.scheduler.scheduler import Scheduler

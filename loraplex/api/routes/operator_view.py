@@ -16,7 +16,7 @@ from loraplex.api import metering
 from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.cycle_view import lane_id
-from loraplex.api.routes.stats import percentiles, served_schedulers
+from loraplex.api.lane_views import percentiles, served_schedulers
 from loraplex.cost.billing import Biller
 from loraplex.errors import ForbiddenError
 

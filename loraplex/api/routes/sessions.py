@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from loraplex.api import convert, schemas
+from loraplex.api.access import release_session
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
-from loraplex.api.context import ServerContext, ctx_of
+from loraplex.api.context import ctx_of
 
 router = APIRouter(prefix="/api/v1")
 
@@ -39,13 +40,6 @@ async def finish(session_id: str, request: Request, tenant: Tenant) -> dict[str,
     ctx.stores.sessions.finish(session_id, tenant, reason)
     release_session(ctx, session_id)
     return {}
-
-
-def release_session(ctx: ServerContext, session_id: str) -> None:
-    """Free the engine memory of a session's training runs (records and checkpoints stay)."""
-    for run in ctx.stores.runs.for_session(session_id):
-        for served in ctx.catalog:
-            served.lanes.release_model(run.run.model_id)
 
 
 @router.get("/sessions")

@@ -14,21 +14,21 @@ of its recent clock cycles and the last ``recent`` cycle records (query paramete
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from loraplex.api.auth import Caller
-from loraplex.api.context import ServerContext, ctx_of
+from loraplex.api.context import ctx_of
+from loraplex.api.lane_views import LaneView, percentiles, served_schedulers, utilization
 from loraplex.domain.usage import TOKEN_TYPES
 from loraplex.errors import WorkerLostError
-from loraplex.scheduler.metrics import CycleRecord, SchedulerMetrics
+from loraplex.scheduler.metrics import CycleRecord
 from loraplex.scheduler.scheduler import Scheduler
 
 router = APIRouter(prefix="/api/v1")
 
-WINDOWS_S = (10.0, 60.0, 300.0)
 SERIES_BUCKET_S = 5.0
 SERIES_BUCKETS = 60
 
@@ -58,24 +58,6 @@ async def stats(request: Request, caller: Caller, recent: int = 50) -> dict[str,
         "tenants": tenants, "workers": [worker_json(v) for v in views],
         "schedulers": sections,
     }
-
-
-@dataclass(frozen=True)
-class LaneView:
-    """One live scheduler (one per engine worker), its worker and the names it serves."""
-
-    scheduler: Scheduler
-    worker: str
-    names: list[str]
-
-
-def served_schedulers(ctx: ServerContext) -> list[LaneView]:
-    """Every live lane of every served model source."""
-    out = []
-    for lanes in ctx.catalog.lanes():
-        names = [served.name for served in ctx.catalog if served.lanes is lanes]
-        out += [LaneView(scheduler, worker, names) for worker, scheduler in lanes.schedulers()]
-    return out
 
 
 def worker_json(view: LaneView) -> dict[str, Any]:
@@ -116,10 +98,6 @@ def scheduler_stats(scheduler: Scheduler, names: list[str], recent: int,
     }
 
 
-def utilization(m: SchedulerMetrics) -> dict[str, float]:
-    return {f"{w:g}s": m.utilization(w) for w in WINDOWS_S}
-
-
 def cycle_summary(records: list[CycleRecord]) -> dict[str, Any]:
     """What the training cycles in the ring packed, on average."""
     cycles = [c for c in records if c.kind == "cycle"]
@@ -157,17 +135,6 @@ def cycle_json(cycle: CycleRecord, viewer: str | None = None) -> dict[str, Any]:
     out["tenants"] = [t for t in cycle.tenants if viewer is None or t == viewer]
     out["num_tenants"] = len(cycle.tenants)
     return out
-
-
-def percentiles(values: list[float]) -> dict[str, float | int]:
-    if not values:
-        return {"n": 0}
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": ordered[-1]}
 
 
 def _merge(into: dict[str, Any] | None, counters: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ download URL of their archive (a plain GET, no key: `loraplex.api.routes.downloa
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,8 +19,7 @@ from fastapi import APIRouter, Request
 from loraplex.api import convert
 from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
-from loraplex.api.routes.downloads import archive_link
-from loraplex.api.routes.evals import score_json
+from loraplex.api.download_links import archive_link
 from loraplex.errors import UserError
 from loraplex.store.checkpoints import CheckpointRecord
 from loraplex.store.runs import TrainingRunRecord
@@ -42,7 +42,7 @@ async def tenant_view(request: Request, caller: Caller, limit: int = 100) -> dic
         "tenant": tenant, "is_operator": caller.is_operator, "now": now,
         "runs": [run_row(ctx, r) for r in runs], "num_runs": num_runs,
         "checkpoints": [{**checkpoint_row(ctx, request, c, tenant, now),
-                         "evals": [score_json(e) for e in evals[str(c.path)]]}
+                         "evals": [asdict(e) for e in evals[str(c.path)]]}
                         for c in checkpoints],
         "num_checkpoints": num_checkpoints,
         "sampling_sessions": [sampler_row(s) for s in samplers],
