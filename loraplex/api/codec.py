@@ -118,9 +118,11 @@ def datums(msg: pb.ForwardBackwardRequest, limits: LimitsConfig) -> tuple[Datum,
 
 
 def _check_request_elements(msg: pb.ForwardBackwardRequest, limits: LimitsConfig) -> None:
+    """Sums in datum order, each datum's inputs by name (a protobuf map's own order is not
+    defined), so the tensor named is the same for the same request."""
     total = 0
     for i, d in enumerate(msg.data):
-        for name, t in d.loss_fn_inputs.items():
+        for name, t in sorted(d.loss_fn_inputs.items()):
             elements = math.prod(int(s) for s in t.shape)
             if elements > limits.max_tensor_elements:
                 continue  # `tensor` names that one's own bound
