@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loraplex.domain.cycle import CycleOutcome, run_cycle_calls
 from loraplex.domain.data import Datum
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
@@ -247,6 +248,10 @@ class ToyExecutor:
         self.calls.append(("optim_step", tuple(w.adapter_id for w in works)))
         return [self._guard(lambda w=w: self._adam(self._adapter(w.adapter_id), w.params))
                 for w in works]
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        return run_cycle_calls(self.forward_backward, self.optim_step, fwd_bwd, optim)
 
     @staticmethod
     def _adam(a: ToyAdapter, p: OptimParams) -> OptimStepResult:

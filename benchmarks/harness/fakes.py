@@ -17,6 +17,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from loraplex.domain.cycle import CycleOutcome, run_cycle_calls
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.model_card import ModelCard
@@ -88,6 +89,10 @@ class NoopExecutor:
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
         self._wait()
         return [OptimStepResult({}) for _ in works]
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        return run_cycle_calls(self.forward_backward, self.optim_step, fwd_bwd, optim)
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
         config = self._config(work.adapter_id)

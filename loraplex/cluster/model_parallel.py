@@ -22,7 +22,9 @@ from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from loraplex.cluster.worker import PreparedHandle, Raised
+from loraplex.cluster.memory_cache import MemoryCache
+from loraplex.cluster.worker import PreparedHandle, Raised, WithMemory
+from loraplex.domain.cycle import CallCrash, CycleOutcome
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
@@ -88,6 +90,7 @@ class ModelParallelGroup:
         self._on_close = on_close
         self._lost: str | None = None
         self._io_lock = threading.Lock()
+        self._memory = MemoryCache()
 
     def model_info(self) -> ModelInfo:
         return self._info
@@ -95,19 +98,35 @@ class ModelParallelGroup:
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
         if config.seed is None:  # every stage must draw its rows of the same init
             config = replace(config, seed=secrets.randbits(63))
+        self._memory.changing()
         self._all("create_adapter", adapter_id, config)
 
     def delete_adapter(self, adapter_id: str) -> None:
+        self._memory.changing()
         self._all("delete_adapter", adapter_id)
 
     def has_adapter(self, adapter_id: str) -> bool:
         return bool(self._all("has_adapter", adapter_id))
 
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
+        self._memory.changing()
         return list(self._all("forward_backward", list(works)))
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
+        self._memory.changing()
         return list(self._all("optim_step", list(works)))
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        """One call per rank (`EngineWorker.run_cycle`): the last stage's outcomes, or for
+        each part a rank's domain error (every rank returns the same one)."""
+        cycles: list[CycleOutcome] = self._with_memory("run_cycle", list(fwd_bwd), list(optim))
+        last = cycles[-1]
+        fwd_bwd_out = next((c.forward_backward for c in cycles
+                            if isinstance(c.forward_backward, CallCrash)), last.forward_backward)
+        optim_out = next((c.optim_step for c in cycles if isinstance(c.optim_step, CallCrash)),
+                         last.optim_step)
+        return replace(last, forward_backward=fwd_bwd_out, optim_step=optim_out)
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
         with self._io_lock:  # one save's shares at a time: they can be large
@@ -121,17 +140,20 @@ class ModelParallelGroup:
     def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
         if not isinstance(prepared, GroupPrepared):
             raise TypeError(f"not a checkpoint read by group {self.name}")
+        self._memory.changing()
         results = self._call([rank.submit("install_adapter", adapter_id, handle.token)
                               for rank, handle in zip(self.ranks, prepared.handles, strict=True)])
         result: LoadResult = results[-1]
         return result
 
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
+        self._memory.changing()
         self._all("snapshot_adapter", src_adapter_id, dst_adapter_id)
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
                     cancel: Sequence[str] = ()) -> SampleStep:
-        step: SampleStep = self._all("sample_step", list(admit), max_decode_steps, list(cancel))
+        steps = self._with_memory("sample_step", list(admit), max_decode_steps, list(cancel))
+        step: SampleStep = steps[-1]
         return step
 
     def num_running_samples(self) -> int:
@@ -141,18 +163,11 @@ class ModelParallelGroup:
         self._all("release_memory")
 
     def adapter_memory(self) -> AdapterMemory:
-        """The ranks' adapter memory added up (each holds its layers' rows of every adapter;
-        budgets are per rank, so the group's is their sum)."""
-        parts: list[AdapterMemory] = self._every("adapter_memory")
-        budgets = [m.budget_bytes for m in parts]
-        return AdapterMemory(
-            resident_adapters=max(m.resident_adapters for m in parts),
-            bytes_resident=sum(m.bytes_resident for m in parts),
-            budget_bytes=None if None in budgets else sum(b or 0 for b in budgets),
-            paged_adapters=max(m.paged_adapters for m in parts),
-            bytes_host=sum(m.bytes_host for m in parts),
-            bytes_disk=sum(m.bytes_disk for m in parts),
-            page_outs=sum(m.page_outs for m in parts), page_ins=sum(m.page_ins for m in parts))
+        """The ranks' adapter memory added up (`_joined_memory`), as of the group's last call
+        (`MemoryCache`)."""
+        if self._lost is not None:
+            raise WorkerLostError(self._lost)
+        return self._memory.get(lambda: _joined_memory(self._every("adapter_memory")))
 
     def close(self) -> None:
         """End every rank (a later call finds the group lost)."""
@@ -187,6 +202,14 @@ class ModelParallelGroup:
                 raise value.error
         return values
 
+    def _with_memory(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every rank, each answering `WithMemory`: every rank's answer; their
+        memory, joined, is kept."""
+        version = self._memory.changing()
+        answers: list[WithMemory[Any]] = self._every(method, *args)
+        self._memory.put(version, _joined_memory([a.memory for a in answers]))
+        return [a.answer for a in answers]
+
     def _lose(self, cause: BaseException | None) -> None:
         """Declare the group lost: stop every rank (the survivors may be blocked waiting on
         the lost one) and raise."""
@@ -195,3 +218,18 @@ class ModelParallelGroup:
         self._lost = lost
         self.close()
         raise WorkerLostError(lost)
+
+
+
+def _joined_memory(parts: list[AdapterMemory]) -> AdapterMemory:
+    """A group's adapter memory from its ranks' (each holds its layers' rows of every adapter;
+    budgets are per rank, so the group's is their sum)."""
+    budgets = [m.budget_bytes for m in parts]
+    return AdapterMemory(
+        resident_adapters=max(m.resident_adapters for m in parts),
+        bytes_resident=sum(m.bytes_resident for m in parts),
+        budget_bytes=None if None in budgets else sum(b or 0 for b in budgets),
+        paged_adapters=max(m.paged_adapters for m in parts),
+        bytes_host=sum(m.bytes_host for m in parts),
+        bytes_disk=sum(m.bytes_disk for m in parts),
+        page_outs=sum(m.page_outs for m in parts), page_ins=sum(m.page_ins for m in parts))

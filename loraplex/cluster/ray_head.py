@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError
 
 from loraplex.errors import WorkerLostError
 
@@ -148,9 +149,10 @@ class RayHead:
         """``ray.get(ref)``, given up with a `WorkerLostError` when the head is lost."""
         while True:
             self.check(generation)
-            ready, _ = ray.wait([ref], timeout=WAIT_SLICE_S)
-            if ready:
-                return ray.get(ref)
+            try:  # one call into Ray per slice (a wait, then a get, cost a round trip more)
+                return ray.get(ref, timeout=WAIT_SLICE_S)
+            except GetTimeoutError:
+                continue
 
     def wait_up(self) -> int:
         """Block until the head is up; its generation."""

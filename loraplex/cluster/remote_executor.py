@@ -1,10 +1,12 @@
 """`RemoteExecutor`: the server-side stand-in of one `EngineWorker` actor, implementing the
-scheduler's `BatchExecutor` protocol with one blocking Ray call per method.
+scheduler's `BatchExecutor` protocol with one blocking Ray call per method (a training cycle's
+forward_backward and optim_step are one call: `run_cycle`).
 
 A worker whose actor or node died, or whose Ray head was lost (`RayHead`), answers every call
 with a `WorkerLostError` (the lane then
 stops and its runs move, see `loraplex.scheduler.lanes`); a domain error the worker returned is
-raised here as itself. The base model's facts are asked once, when the worker comes up.
+raised here as itself. The base model's facts are asked once, when the worker comes up; its
+adapter memory only when the last answer is no longer current (`MemoryCache`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any, TypeVar
 import ray
 from ray import exceptions as ray_errors
 
+from loraplex.cluster.memory_cache import MemoryCache
 from loraplex.cluster.ray_head import RayHead
-from loraplex.cluster.worker import PreparedHandle, Raised
+from loraplex.cluster.worker import PreparedHandle, Raised, WithMemory
+from loraplex.domain.cycle import CycleOutcome
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
@@ -69,24 +73,30 @@ class RemoteExecutor:
         self._info = info
         self._head = head
         self._generation = generation
+        self._memory = MemoryCache()
 
     def model_info(self) -> ModelInfo:
         return self._info
 
     def create_adapter(self, adapter_id: str, config: LoraConfig) -> None:
-        self._call("create_adapter", adapter_id, config)
+        self._changing("create_adapter", adapter_id, config)
 
     def delete_adapter(self, adapter_id: str) -> None:
-        self._call("delete_adapter", adapter_id)
+        self._changing("delete_adapter", adapter_id)
 
     def has_adapter(self, adapter_id: str) -> bool:
         return bool(self._call("has_adapter", adapter_id))
 
     def forward_backward(self, works: Sequence[ForwardBackwardWork]) -> list[FwdBwdOutcome]:
-        return list(self._call("forward_backward", list(works)))
+        return list(self._changing("forward_backward", list(works)))
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
-        return list(self._call("optim_step", list(works)))
+        return list(self._changing("optim_step", list(works)))
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        """One Ray call: the worker runs both batches (`EngineWorker.run_cycle`)."""
+        return _typed(self._with_memory("run_cycle", list(fwd_bwd), list(optim)), CycleOutcome)
 
     def save_adapter(self, work: SaveWork) -> SaveResult:
         return _typed(self._call("save_adapter", work), SaveResult)
@@ -97,15 +107,16 @@ class RemoteExecutor:
     def install_adapter(self, adapter_id: str, prepared: PreparedAdapter) -> LoadResult:
         if not isinstance(prepared, PreparedHandle):
             raise TypeError(f"not a checkpoint read by worker {self.name}")
-        return _typed(self._call("install_adapter", adapter_id, prepared.token), LoadResult)
+        return _typed(self._changing("install_adapter", adapter_id, prepared.token),
+                      LoadResult)
 
     def snapshot_adapter(self, src_adapter_id: str, dst_adapter_id: str) -> None:
-        self._call("snapshot_adapter", src_adapter_id, dst_adapter_id)
+        self._changing("snapshot_adapter", src_adapter_id, dst_adapter_id)
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
                     cancel: Sequence[str] = ()) -> SampleStep:
-        return _typed(self._call("sample_step", list(admit), max_decode_steps, list(cancel)),
-                      SampleStep)
+        return _typed(self._with_memory("sample_step", list(admit), max_decode_steps,
+                                        list(cancel)), SampleStep)
 
     def num_running_samples(self) -> int:
         return int(self._call("num_running_samples"))
@@ -114,7 +125,9 @@ class RemoteExecutor:
         self._call("release_memory")
 
     def adapter_memory(self) -> AdapterMemory:
-        return _typed(self._call("adapter_memory"), AdapterMemory)
+        """As of the worker's last call (`MemoryCache`); a lost Ray head raises at once."""
+        self._head.check(self._generation)
+        return self._memory.get(lambda: _typed(self._call("adapter_memory"), AdapterMemory))
 
     def noop(self, payload: Any = None) -> Any:
         return self._call("noop", payload)
@@ -132,6 +145,19 @@ class RemoteExecutor:
         if isinstance(value, Raised):
             raise value.error
         return value
+
+    def _changing(self, method: str, *args: Any) -> Any:
+        """`_call` of a method that may change the worker's adapter memory (its cached value
+        is dropped first, and stays dropped if the call fails)."""
+        self._memory.changing()
+        return self._call(method, *args)
+
+    def _with_memory(self, method: str, *args: Any) -> Any:
+        """`_changing` of a method that answers `WithMemory`: its answer; the memory is kept."""
+        version = self._memory.changing()
+        value = _typed(self._call(method, *args), WithMemory)
+        self._memory.put(version, _typed(value.memory, AdapterMemory))
+        return value.answer
 
 
 def _typed(value: Any, kind: type[T]) -> T:

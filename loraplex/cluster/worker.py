@@ -3,7 +3,10 @@ methods the server calls on it.
 
 Errors cross the process boundary as values (`Raised`, from every protocol method), so the
 server re-raises the domain error itself, never a Ray wrapper carrying the worker's traceback
-(which it would log and report as a server bug). A checkpoint read for an
+(which it would log and report as a server bug). A training cycle is one call (`run_cycle`):
+a crash of either of its batch calls comes back as a `CallCrash` carrying the error's text
+(tracebacks do not travel), so the other call's items still get their outcomes. A checkpoint
+read for an
 install stays in the worker: `read_checkpoint` returns a `PreparedHandle` naming it, and
 `install_adapter` takes the handle back (the tensors never travel). The actor runs its IO calls
 (saves, reads) on threads beside its compute calls, as the protocol allows. In a
@@ -16,12 +19,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from loraplex.config import EngineConfig
+from loraplex.domain.cycle import CallCrash, CycleOutcome, run_cycle_calls
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
@@ -48,6 +53,15 @@ class Raised:
     """A domain error a worker call raised, returned instead of thrown."""
 
     error: LoraplexError
+
+
+@dataclass(frozen=True)
+class WithMemory(Generic[T]):
+    """A compute call's answer and the worker's adapter memory right after it (the server
+    keeps it for placement instead of asking: `cluster.memory_cache`)."""
+
+    answer: T
+    memory: AdapterMemory
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ class EngineWorker:
             config = replace(config, num_threads=max(1, num_cpus))
         pipe = None if member is None else _join_group(model_dir, config, member)
         self._engine = Engine(model_dir, config, pipe)
+        self._is_rank = member is not None
         self._prepared: dict[str, PreparedAdapter] = {}
         self._lock = threading.Lock()
 
@@ -127,6 +142,17 @@ class EngineWorker:
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome] | Raised:
         return _value(lambda: self._engine.optim_step(works))
 
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> WithMemory[CycleOutcome]:
+        """`forward_backward`, then `optim_step` (`domain.cycle.run_cycle_calls`). A rank of a
+        model-parallel group catches only domain errors: anything else must fail the call, so
+        that its group is lost, as a crash of its separate calls would."""
+        cycle = run_cycle_calls(self._engine.forward_backward, self._engine.optim_step,
+                                fwd_bwd, optim, LoraplexError if self._is_rank else Exception)
+        return WithMemory(CycleOutcome(_portable(cycle.forward_backward),
+                                       _portable(cycle.optim_step), cycle.train_s,
+                                       cycle.optim_s), self._engine.adapter_memory())
+
     def adapter_share(self, adapter_id: str, with_optimizer: bool) -> AdapterShare | Raised:
         return _value(lambda: self._engine.adapter_share(adapter_id, with_optimizer))
 
@@ -151,8 +177,10 @@ class EngineWorker:
         return _value(lambda: self._engine.snapshot_adapter(src_adapter_id, dst_adapter_id))
 
     def sample_step(self, admit: Sequence[SampleWork], max_decode_steps: int,
-                    cancel: Sequence[str] = ()) -> SampleStep | Raised:
-        return _value(lambda: self._engine.sample_step(admit, max_decode_steps, cancel))
+                    cancel: Sequence[str] = ()) -> WithMemory[SampleStep] | Raised:
+        step = _value(lambda: self._engine.sample_step(admit, max_decode_steps, cancel))
+        return step if isinstance(step, Raised) else WithMemory(step,
+                                                                self._engine.adapter_memory())
 
     def num_running_samples(self) -> int | Raised:
         return _value(self._engine.num_running_samples)
@@ -173,6 +201,18 @@ def _value(call: Callable[[], T]) -> T | Raised:
         return call()
     except LoraplexError as exc:
         return Raised(exc.detached())
+
+
+def _portable(outcomes: tuple[T, ...] | CallCrash) -> tuple[T, ...] | CallCrash:
+    """A crash as the server can unpickle and log it: a domain error as itself, detached;
+    anything else as a `RuntimeError` holding its traceback's text."""
+    if not isinstance(outcomes, CallCrash):
+        return outcomes
+    error = outcomes.error
+    if isinstance(error, LoraplexError):
+        return CallCrash(error.detached())
+    return CallCrash(RuntimeError("in the engine worker: "
+                                  + "".join(traceback.format_exception(error)).rstrip()))
 
 
 def _join_group(model_dir: str, config: EngineConfig, member: GroupMember) -> StagePipe:

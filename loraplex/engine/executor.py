@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from loraplex.config import EngineConfig
+from loraplex.domain.cycle import CycleOutcome, run_cycle_calls
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.passing_thread import in_passing_thread
@@ -142,6 +143,11 @@ class Engine:
             outcomes = self.trainer.optim_step(works)
             self._weights_changed([w.adapter_id for w in works])
         return outcomes
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        """`forward_backward`, then `optim_step` (`domain.cycle.run_cycle_calls`)."""
+        return run_cycle_calls(self.forward_backward, self.optim_step, fwd_bwd, optim)
 
     # ---- checkpoints -------------------------------------------------------------------------
 

@@ -3,6 +3,9 @@
 Defined here, by its consumer. Implemented by `loraplex.engine.executor.Engine` (torch) and by
 test fakes. Every batch method returns one outcome per work item, in order: a result, or the
 `LoraplexError` that failed that item alone. Whole-batch exceptions are reserved for bugs.
+A training cycle is one `run_cycle` call (forward_backward, then optim_step: one round trip to
+a remote worker); an executor without a faster way composes its two batch calls with
+`loraplex.domain.cycle.run_cycle_calls`, which also defines what a native one must do.
 
 Threads: the clock thread makes every call except two, which run on the scheduler's IO threads
 so that file work never stalls other tenants' cycles: `save_adapter` and `read_checkpoint`.
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from loraplex.domain.cycle import CycleOutcome
 from loraplex.domain.lora import LoraConfig
 from loraplex.domain.model import ModelInfo
 from loraplex.domain.results import (
@@ -60,6 +64,13 @@ class BatchExecutor(Protocol):
 
     def optim_step(self, works: Sequence[OptimStepWork]) -> list[OptimOutcome]:
         """One AdamW step per listed adapter; clears their gradients."""
+        ...
+
+    def run_cycle(self, fwd_bwd: Sequence[ForwardBackwardWork], optim: Sequence[OptimStepWork]
+                  ) -> CycleOutcome:
+        """`forward_backward` of ``fwd_bwd``, then `optim_step` of the steps that apply, in one
+        call: a call that crashed fails only its own items, and after a forward_backward crash
+        the steps of that batch's adapters are skipped (`domain.cycle.run_cycle_calls`)."""
         ...
 
     def save_adapter(self, work: SaveWork) -> SaveResult:

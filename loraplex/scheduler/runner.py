@@ -6,17 +6,20 @@ Returns one outcome per finished work item (an engine result, or the `LoraplexEr
 failed that item alone). An unexpected exception from an engine call is a bug: it is logged with
 its traceback under a fresh error id, and every item of that call fails with a `ServerError`
 carrying only the id, so the clock loop keeps running and no stack trace reaches a client. A
-cycle's optim_step is not applied when its model's forward_backward in the same cycle crashed
-the batch call (it fails with the same error instead of stepping on partial gradients).
+cycle is one `run_cycle` call (forward_backward, then optim_step; `domain.cycle`): each of its
+two batch calls fails alone, and a model's optim_step is not applied when the forward_backward
+call of the same cycle crashed (it fails with the same error instead of stepping on partial
+gradients).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar, assert_never
+from typing import assert_never
 
+from loraplex.domain.cycle import CallCrash, crashed_adapters
 from loraplex.domain.ops import (
     ControlPlan,
     CreateModelOp,
@@ -38,8 +41,6 @@ from loraplex.domain.sampling import SequenceDelta
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
 from loraplex.errors import LoraplexError, ServerError, WorkerLostError, server_bug
 from loraplex.scheduler.executor import BatchExecutor
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -106,7 +107,8 @@ def _dispatch(executor: BatchExecutor, plan: Plan, out: PlanOutcome) -> None:
 
 
 def _run_cycle(executor: BatchExecutor, plan: CyclePlan, out: PlanOutcome) -> None:
-    """The batch's forward_backward call, then the optim_step call (see module docstring)."""
+    """The batch's forward_backward and its optim_steps, as one `run_cycle` call (see the
+    module docstring)."""
     engine: list[tuple[WorkItem, ForwardBackwardWork]] = []
     for item in plan.batch:
         match item.op:
@@ -116,35 +118,40 @@ def _run_cycle(executor: BatchExecutor, plan: CyclePlan, out: PlanOutcome) -> No
                 engine.append((item, item.op))
             case _:
                 raise AssertionError(f"{item.request_id}: {item.kind} in a cycle's batch")
-    crashed: set[str | None] = set()
+    steps = [(it, optim_work(it)) for it in plan.optim]
+    if not engine and not steps:
+        return
     start = time.perf_counter()
-    if engine:
-        error = _call(out, engine, executor.forward_backward, "forward_backward")
-        if error is not None:
-            crashed = {it.model_id for it, _ in engine}
-            for item in plan.optim:
-                if item.model_id in crashed:
-                    out.outcomes[item.request_id] = error
-    out.train_s = time.perf_counter() - start
-    steps = [(it, optim_work(it)) for it in plan.optim if it.model_id not in crashed]
-    start = time.perf_counter()
-    if steps:
-        _call(out, steps, executor.optim_step, "optim_step")
-    out.optim_s = time.perf_counter() - start
-
-
-def _call(out: PlanOutcome, items: Sequence[tuple[WorkItem, T]],
-          call: Callable[[list[T]], Sequence[ItemOutcome]], what: str) -> ServerError | None:
-    """Run one batch call; a crash fails its items alone and is returned."""
     try:
-        outcomes = call([work for _, work in items])
-        if len(outcomes) != len(items):
-            raise RuntimeError(f"executor returned {len(outcomes)} outcomes for "
-                               f"{len(items)} works")
+        cycle = executor.run_cycle([w for _, w in engine], [w for _, w in steps])
     except WorkerLostError:
         raise
-    except Exception as exc:  # a bug in the engine call: isolate it, keep the loop alive
-        error = server_bug(exc, what)
+    except Exception as exc:  # a bug outside both batch calls: the cycle's items fail
+        _record(out, [*engine, *steps], CallCrash(exc), "run_cycle")
+        out.train_s = time.perf_counter() - start
+        return
+    wall = time.perf_counter() - start
+    out.optim_s = min(wall, cycle.optim_s)  # the round trip's own time counts as training
+    out.train_s = wall - out.optim_s
+    error = _record(out, engine, cycle.forward_backward, "forward_backward")
+    crashed = crashed_adapters([w for _, w in engine], cycle.forward_backward)
+    for item, work in steps:
+        if work.adapter_id in crashed:
+            assert error is not None
+            out.outcomes[item.request_id] = error
+    _record(out, [(it, w) for it, w in steps if w.adapter_id not in crashed], cycle.optim_step,
+            "optim_step")
+
+
+def _record(out: PlanOutcome, items: Sequence[tuple[WorkItem, object]],
+            outcomes: Sequence[ItemOutcome] | CallCrash, what: str) -> ServerError | None:
+    """Each item's outcome; a crashed call fails its items alone (logged once, one error id)
+    and is returned."""
+    if not isinstance(outcomes, CallCrash) and len(outcomes) != len(items):
+        outcomes = CallCrash(RuntimeError(f"executor returned {len(outcomes)} outcomes for "
+                                          f"{len(items)} works"))
+    if isinstance(outcomes, CallCrash):
+        error = server_bug(outcomes.error, what)
         for item, _ in items:
             out.outcomes[item.request_id] = error
         return error
