@@ -25,7 +25,9 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
+from benchmarks.probe import load_average
 
 NAME = "demo_seeds"
 
@@ -50,13 +52,13 @@ def run_seed(seed: int, out: Path) -> dict[str, Any]:
             "rl_pass_rate_by_step": summary["rl_pass_rate_by_step"]}
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     runs = result["runs"]
     lines = [
         "# `loraplex demo` over seeds", "",
         f"The default run (`loraplex demo --out DIR --seed S`), {runs[0]['rl_steps']} GRPO "
-        f"steps; measured {result['date']} at {result['revision']}, GEMM probe "
-        f"{result['probe']['gemm_gflops']:.0f} GFLOP/s.", "",
+        f"steps. {record.provenance()}", "",
         "| seed | after SFT | after GRPO | held-out | max abs `kl_sample_train` | SFT s | GRPO s "
         "| load |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['seed']} | {r['sft_pass_rate']:.3f} | {r['final_pass_rate']:.3f} | "
@@ -66,7 +68,7 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def figure(result: dict[str, Any]) -> Any:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -79,13 +81,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title("loraplex demo: GRPO pass rate per seed")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def revision() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=RESULTS.parent.parent).stdout.strip() or "unknown"
+    return fig
 
 
 def main() -> None:
@@ -93,7 +89,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    probe = probe_machine()
+    record = Run(NAME)
     runs = []
     for i, seed in enumerate(args.seeds):
         print(f"[{i + 1}/{len(args.seeds)}] loraplex demo --seed {seed} ...", flush=True)
@@ -102,13 +98,9 @@ def main() -> None:
               f"(held-out {run['heldout_pass_rate']:.3f}) in {run['wall_s']:.0f} s", flush=True)
         runs.append(run)
     heldout = [r["heldout_pass_rate"] for r in runs]
-    result = {"name": NAME, "revision": revision(), "date": time.strftime("%Y-%m-%d"),
-              "probe": probe.as_dict(), "runs": runs,
-              "heldout_mean": statistics.mean(heldout), "heldout_min": min(heldout)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    (args.out / f"{NAME}.md").write_text(markdown(result))
-    plot(result, args.out / f"{NAME}.png")
+    result = record.finish({"runs": runs, "heldout_mean": statistics.mean(heldout),
+                            "heldout_min": min(heldout)}, model="tiny (loraplex demo's default)")
+    write(result, markdown(result), args.out, figure=figure(result.payload))
     print(markdown(result))
 
 

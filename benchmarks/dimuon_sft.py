@@ -26,7 +26,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 import torch
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from loraplex.domain.optim import AdamParams, DimuonParams
 from loraplex.engine.optim.adamw import adamw_step
 from loraplex.engine.optim.dimuon import dimuon_step
@@ -89,7 +90,7 @@ def step_times(rounds: int = 7) -> dict[str, Any]:
             "num_params": sum(p.numel() for p in params), "threads": 1}
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def figure(results: dict[str, Any]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,12 +106,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title("Demo SFT warm start: Dimuon vs AdamW")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
-def markdown(results: dict[str, Any]) -> str:
-    lines = ["# Dimuon vs AdamW", "", f"Run {results['date']}; load {results['load_before']} → "
-             f"{results['load_after']}; GEMM {results['probe']['gemm_gflops']:.0f} GFLOP/s.", "",
+def markdown(record: Result) -> str:
+    results = record.payload
+    lines = ["# Dimuon vs AdamW", "", record.provenance(), "",
              "| optimizer | lr | loss step 0 / 10 / 50 / 100 / 200 | pass rate after SFT | SFT s |",
              "|---|---|---|---|---|"]
     for name in OPTIMIZERS:
@@ -132,8 +133,7 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    load_before = load_average()[0]
-    probe = probe_machine()
+    run = Run("dimuon_sft")
     step = step_times()
     demo = {}
     for name in OPTIMIZERS:
@@ -141,14 +141,9 @@ def main() -> None:
         demo[name] = run_demo(name)
         print(f"  final loss {demo[name]['sft_loss'][-1]:.4f}, pass rate "
               f"{demo[name]['sft_pass_rate']:.3f}", flush=True)
-    results = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
-               "load_after": load_average()[0], "probe": probe.as_dict(), "step": step,
-               "demo": demo}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "dimuon_sft.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "dimuon_sft.md").write_text(markdown(results))
-    plot(results, RESULTS / "dimuon_sft.png")
-    print(markdown(results))
+    result = run.finish({"step": step, "demo": demo}, model="tiny (loraplex demo's default)")
+    write(result, markdown(result), RESULTS, figure=figure(result.payload))
+    print(markdown(result))
 
 
 if __name__ == "__main__":

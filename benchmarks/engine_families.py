@@ -29,7 +29,6 @@ Keys per family (a ratio is the median over rounds of that round's pair of runs)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -45,11 +44,12 @@ from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
 from benchmarks.adapters import nonzero_adapter
-from benchmarks.engine_moe import paired
+from benchmarks.engine_moe import GOALS, paired
 from benchmarks.engine_sample import FANOUT, Engines, Timing, Workload, prompts, run_hf, run_ours
 from benchmarks.engine_sample import summary as sample_summary
 from benchmarks.engine_train import ADAM, LORA, MIXED_LENGTHS, RANK, engine_step, token_rows
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from loraplex.config import EngineConfig
 from loraplex.engine.builtin.model import ensure_builtin_model
 from loraplex.engine.executor import Engine
@@ -64,8 +64,6 @@ PEFT: dict[str, tuple[list[str], list[str]]] = {
     "gpt_oss": (["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
                 ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
 }
-GOALS = {"train_ratio": 1.5, "sample_ratio": 2.0, "packed_efficiency": 0.9,
-         "bytes_vs_theory": 1.1}
 
 
 def hf_model(model_dir: str) -> Any:
@@ -185,31 +183,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    load_start, probe_start = load_average(), probe_machine()
+    run = Run("engine_families")
     families = {f: measure_family(f, args) for f in args.families.split(",")}
-    result = {"benchmark": "engine_families", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "threads": args.threads, "rounds": args.rounds, "train_rounds": args.train_rounds,
-              "load_avg_start": list(load_start), "load_avg_end": list(load_average()),
-              "probe_start": probe_start.as_dict(), "probe_end": probe_machine().as_dict(),
-              "goals": GOALS, "families": families,
-              "workload": {"rank": RANK, "alpha": LORA.alpha, "mixed_lengths": MIXED_LENGTHS,
-                           "sample": vars(FANOUT)}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine_families.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "engine_families.md").write_text(markdown(result))
+    result = run.finish({"threads": args.threads, "rounds": args.rounds,
+                         "train_rounds": args.train_rounds, "goals": GOALS, "families": families,
+                         "workload": {"rank": RANK, "alpha": LORA.alpha,
+                                      "mixed_lengths": MIXED_LENGTHS, "sample": vars(FANOUT)}},
+                        model=f"built-in small {args.families}")
+    write(result, markdown(result), args.out)
     print(markdown(result))
     return 0
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    r = record.payload
+    g = r["goals"]  # the goals of the run this result is, not today's
     lines = ["# engine_families: the new families' small built-ins vs transformers + PEFT", "",
-             f"{r['measured_at']}, {r['threads']} thread(s), {r['train_rounds']} train / "
-             f"{r['rounds']} sample rounds interleaved; load average "
-             f"{r['load_avg_start'][0]:.2f} → {r['load_avg_end'][0]:.2f}; GEMM probe "
-             f"{r['probe_start'].get('gemm_gflops', 0):.1f} → "
-             f"{r['probe_end'].get('gemm_gflops', 0):.1f} GFLOP/s.", "",
-             "| family | train_ratio (≥ 1.5) | sample_ratio (≥ 2) | packed 8 ÷ 1 (≥ 0.9) | "
-             "bytes ÷ theory (≤ 1.1) | ours / baseline train tok/s |",
+             f"{r['threads']} thread(s), {r['train_rounds']} train / {r['rounds']} sample "
+             f"rounds interleaved. {record.provenance()}", "",
+             f"| family | train_ratio (≥ {g['train_ratio']:g}) | sample_ratio "
+             f"(≥ {g['sample_ratio']:g}) | packed 8 ÷ 1 (≥ {g['packed_efficiency']:g}) | "
+             f"bytes ÷ theory (≤ {g['bytes_vs_theory']:g}) | ours / baseline train tok/s |",
              "|---|---|---|---|---|---|"]
     for family, f in r["families"].items():
         t = f["train_tok_s"]

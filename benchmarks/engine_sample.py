@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -52,7 +51,9 @@ from tqdm import tqdm
 from benchmarks import RESULTS, SCRATCH
 from benchmarks.adapters import nonzero_adapter
 from benchmarks.base_gemms import floor_table, sampling_floor
-from benchmarks.probe import best_gemm_gflops, load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
+from benchmarks.probe import MachineProbe, best_gemm_gflops
 from benchmarks.real_models import LABELS, MODELS, result_stem, smollm2_dir
 from loraplex.config import EngineConfig
 from loraplex.cost.flops import forward_flops
@@ -84,6 +85,8 @@ class Workload:
         return self.num_prompts * self.num_samples * self.new_tokens
 
 
+#: ≥ these: fan-out ``ratio``, ``decode_roofline_fraction``, ``batch8x64.ratio``.
+GOALS = {"ratio": 2.5, "decode_roofline_fraction": 0.5, "batch8x64_ratio": 1.2}
 FANOUT = Workload("fanout", 8, 128, 8, 64)
 BATCH = Workload("batch", 8, 128, 1, 64)
 UNSHARED = Workload("unshared", 64, 128, 1, 64)
@@ -286,12 +289,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     retain_freed_memory()  # as `loraplex serve` does; the baseline shares the process
-    load_start = load_average()
     model_dir = (smollm2_dir() if args.model == "smollm2" else
                  ensure_builtin_model(args.model_dir.resolve(), "qwen3", "small", seed=0))
     engines = build(model_dir)
     loads = workloads(args.model)
-    probe_start = probe_machine()
+    run = Run("engine_sample")
     measured = measure(engines, args.rounds, loads)
     decode_profile = profile_decode_steps(engines, loads["fanout"])
     floors = {name: sampling_floor(
@@ -299,22 +301,18 @@ def main() -> None:
         statistics.median(measured["runs"][f"{name}/hf_generate"]["cpu_seconds"]),
         statistics.median(measured["runs"][f"{name}/ours_invariant"]["cpu_seconds"]))
         for name in ("fanout", "batch")}
-    probe_end = probe_machine()
-    gemm = statistics.mean([best_gemm_gflops(probe_start), best_gemm_gflops(probe_end)]) * 1e9
+    probes = [MachineProbe(**reading.probe) for reading in (run.start, run.stop())
+              if reading.probe]
+    gemm = statistics.mean(best_gemm_gflops(p) for p in probes) * 1e9
     runs = measured["runs"]
     ours = runs["fanout/ours_invariant"]["tok_s_median"]
     hf = runs["fanout/hf_generate"]["tok_s_median"]
     flops = flops_per_generated_token(engines.invariant, loads["fanout"])
-    result = {
-        "benchmark": "engine_sample",
-        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    payload = {
         "threads": args.threads,
         "rounds": args.rounds,
         "model_label": LABELS[args.model],
-        "load_avg_start": list(load_start),
-        "load_avg_end": list(load_average()),
-        "probe_start": probe_start.as_dict(),
-        "probe_end": probe_end.as_dict(),
+        "goals": GOALS,
         "model": dataclasses.asdict(engines.invariant.model_info()),
         "lora": {"rank": RANK, "alpha": ALPHA, "targets": PEFT_TARGETS, "b_nonzero": True},
         "workloads": {name: dataclasses.asdict(w) for name, w in loads.items()},
@@ -341,14 +339,14 @@ def main() -> None:
         "decode_step_profile": decode_profile,
         **measured,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = result_stem("engine_sample", args.model)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(result))
+    result = run.finish(payload, model=LABELS[args.model],
+                        name=result_stem("engine_sample", args.model))
+    write(result, markdown(result), args.out)
     print(markdown(result))
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    r, g = record.payload, record.payload["goals"]
     runs = r["runs"]
 
     def row(name: str, label: str) -> str:
@@ -365,19 +363,16 @@ def markdown(r: dict[str, Any]) -> str:
     unshared = fan["num_prompts"] * fan["num_samples"]
     card = r["model"]["card"]
     top = ", ".join(f"`{k}` {v}" for k, v in prof["top_ops_ms_per_step"].items())
+    packed = [reading.probe["packed_gemm_gflops"] for reading in (record.start, record.end)
+              if reading.probe and reading.probe.get("packed_gemm_gflops")]
     return "\n".join([
         "# Engine sampling: KV-cache sampler vs transformers generate + PEFT",
         "",
-        f"Measured {r['measured_at']} with `python -m benchmarks.engine_sample`, "
-        f"{r['threads']} thread(s), {r['rounds']} interleaved rounds, "
-        f"{r.get('model_label', LABELS['small'])}, rank-{r['lora']['rank']} LoRA (B ≠ 0) on every "
-        "linear and the head. Load average (1/5/15 min) at start "
-        f"{[round(x, 2) for x in r['load_avg_start']]}, at end "
-        f"{[round(x, 2) for x in r['load_avg_end']]}; GEMM probe (MKL) "
-        f"{r['probe_start']['gemm_gflops']:.1f} → {r['probe_end']['gemm_gflops']:.1f} GFLOP/s"
-        + (f", loraplex's packed kernel {r['probe_start']['packed_gemm_gflops']:.1f} → "
-           f"{r['probe_end']['packed_gemm_gflops']:.1f} GFLOP/s (the roofline takes the better)"
-           if "packed_gemm_gflops" in r["probe_start"] else "") + ".",
+        f"`python -m benchmarks.engine_sample`, {r['threads']} thread(s), {r['rounds']} "
+        f"interleaved rounds, {r['model_label']}, rank-{r['lora']['rank']} LoRA (B ≠ 0) on "
+        f"every linear and the head. {record.provenance()} The roofline takes the better of "
+        "MKL's and loraplex's packed kernel's probe rate"
+        + (f" ({packed[0]:.1f} → {packed[1]:.1f} GFLOP/s packed)." if packed else "."),
         "",
         "| run | tok/s (median) | tok/s (best) | tok per CPU-second (median) | wall seconds "
         "per round |",
@@ -393,16 +388,18 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "| metric | value | goal |",
         "|---|---|---|",
-        f"| ratio (ours ÷ HF, fan-out, wall) | **{r['ratio']:.2f}** | ≥ 2.5 |",
+        f"| ratio (ours ÷ HF, fan-out, wall) | **{r['ratio']:.2f}** | ≥ {g['ratio']:g} |",
         f"| ratio in tokens per CPU-second | {r['ratio_cpu']:.2f} | |",
         f"| decode_roofline_fraction | **{r['decode_roofline_fraction']:.2f}** "
         f"(roofline {r['roofline_tok_s']:.0f} tok/s at "
-        f"{r['flops_per_generated_token'] / 1e6:.1f} MFLOP/token) | ≥ 0.5 |",
+        f"{r['flops_per_generated_token'] / 1e6:.1f} MFLOP/token) | "
+        f"≥ {g['decode_roofline_fraction']:g} |",
         f"| prefix_sharing_speedup (unshared ÷ shared time) | {r['prefix_sharing_speedup']:.2f}"
         " | |",
         f"| invariant_mode_cost (invariant ÷ fast tok/s; per CPU-second) | "
         f"{r['invariant_mode_cost']:.2f}; {r['invariant_mode_cost_cpu']:.2f} | |",
-        f"| batch 8×64: ours ÷ HF | **{r['batch8x64']['ratio']:.2f}** | ≥ 1.2 |",
+        f"| batch 8×64: ours ÷ HF | **{r['batch8x64']['ratio']:.2f}** | "
+        f"≥ {g['batch8x64_ratio']:g} |",
         f"| batch 8×64, fast mode: ours ÷ HF | {r['batch8x64']['ratio_fast']:.2f} | |",
         "",
         *floor_table(r.get("gemm_floor")),
@@ -412,7 +409,7 @@ def markdown(r: dict[str, Any]) -> str:
         f"{stats['unshared/ours_invariant']['prefill_tokens']} computed."
         + (" Issue anchors at idle, batch 8 × 64: HF generate ≈ 206 tok/s, SkyRL tx ≈ 244 "
            "tok/s; our SkyRL harness measured 114–195 tok/s on this box (skyrl_peer.md)."
-           if r.get("model_label", LABELS["small"]) == LABELS["small"] else ""),
+           if r["model_label"] == LABELS["small"] else ""),
         "",
         f"Where a batch-invariant decode step goes ({prof['sequences']} sequences, profiled "
         f"separately: {prof['cpu_ms_per_step']:.0f} CPU-ms per step; self time per op, ms per "

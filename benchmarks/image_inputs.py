@@ -30,7 +30,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 
 SIZE = (128, 128)
 
@@ -107,13 +108,12 @@ class Bench:
         return time.perf_counter() - t0
 
 
-def run(rounds: int, images: int) -> dict[str, Any]:
+def run(rounds: int, images: int) -> Result:
     from loraplex.engine.builtin.model import ensure_builtin_model
 
     model_dir = ensure_builtin_model(SCRATCH / "builtin" / "small-vl", "qwen3_vl", "small")
     bench = Bench(model_dir)
-    probe = probe_machine()
-    load_before = load_average()[0]
+    record = Run("image_inputs")
     samples: dict[str, list[float]] = {k: [] for k in (
         "encode_cold_s", "encode_warm_s", "step_text_s", "step_images_warm_s",
         "step_images_cold_s")}
@@ -129,24 +129,24 @@ def run(rounds: int, images: int) -> dict[str, Any]:
                                                       for k, v in samples.items()), flush=True)
     med = {k: statistics.median(v) for k, v in samples.items()}
     image = bench.image(0)
-    return {"model": "builtin:small-vl", "image_size": list(SIZE), "image_tokens": image.num_tokens,
-            "sequences": images, "rounds": rounds, "medians": med, "samples": samples,
-            "ratios": {"step_images_warm_vs_text": med["step_images_warm_s"] / med["step_text_s"],
-                       "step_images_cold_vs_text": med["step_images_cold_s"] / med["step_text_s"],
-                       "encode_warm_vs_cold": med["encode_warm_s"] / med["encode_cold_s"]},
-            "load_before": load_before, "load_after": load_average()[0],
-            "probe": probe.as_dict()}
+    ratios = {"step_images_warm_vs_text": med["step_images_warm_s"] / med["step_text_s"],
+              "step_images_cold_vs_text": med["step_images_cold_s"] / med["step_text_s"],
+              "encode_warm_vs_cold": med["encode_warm_s"] / med["encode_cold_s"]}
+    return record.finish({"model": "builtin:small-vl", "image_size": list(SIZE),
+                          "image_tokens": image.num_tokens, "sequences": images,
+                          "rounds": rounds, "medians": med, "samples": samples,
+                          "ratios": ratios}, model="builtin:small-vl")
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    r = record.payload
     m, q = r["medians"], r["ratios"]
     return "\n".join([
         "# Image inputs in the engine", "",
         f"`benchmarks/image_inputs.py` on {r['model']} (1 thread): {r['sequences']} sequences of "
         f"10 text + one {r['image_size'][0]}×{r['image_size'][1]} image "
         f"({r['image_tokens']} tokens) + 10 text, LoRA rank 16, medians of {r['rounds']} "
-        f"interleaved rounds. Load {r['load_before']:.2f} → {r['load_after']:.2f}; GEMM "
-        f"{r['probe']['gemm_gflops']:.0f} GFLOP/s.", "",
+        f"interleaved rounds. {record.provenance()}", "",
         "| measure | median | ratio |", "|---|---|---|",
         f"| encode one image, cold (decode, resize, tower) | {m['encode_cold_s'] * 1e3:.2f} ms | |",
         f"| encode, feature cache hit | {m['encode_warm_s'] * 1e3:.3f} ms | "
@@ -169,9 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory():
         result = run(args.rounds, args.images)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "image_inputs.json").write_text(json.dumps(result, indent=2))
-    (args.out / "image_inputs.md").write_text(markdown(result))
+    write(result, markdown(result), args.out)
     print(markdown(result))
 
 

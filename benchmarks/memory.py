@@ -37,12 +37,13 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import REPO, RESULTS
+from benchmarks.harness.result import Result, Run, git_state
 from benchmarks.harness.server_process import ServerProcess, free_port
-from benchmarks.probe import load_average, probe_machine
+from benchmarks.harness.writer import write
+from benchmarks.probe import load_average
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-SCRATCH = ROOT / ".scratch" / "memory"
+SCRATCH = REPO / ".scratch" / "memory"
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GOALS = {"peak_over_theory": 1.5, "peak_bytes_8k": 5 << 30, "recompute_time_cost": 1.35,
          "max_context_smollm2": 8192, "max_context_small_long": 32768}
@@ -91,7 +92,7 @@ def worktree(revision: str) -> Path:
     path = SCRATCH / f"rev-{revision}"
     if not (path / "loraplex").is_dir():
         SCRATCH.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], cwd=ROOT,
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], cwd=REPO,
                        check=True, capture_output=True)
     return path
 
@@ -105,10 +106,8 @@ def serve(code: Path, data_dir: Path, source: str, env: dict[str, str], tag: str
     log = SCRATCH / f"{tag}.log"
     # Run from the revision's own tree: ``python -m`` puts the working directory on sys.path
     # before PYTHONPATH, so from this tree a "before" server would run today's code.
-    server = ServerProcess.launch(cmd, full_env, log, base_url=f"http://127.0.0.1:{port}",
-                                  base_model=source, cwd=code)
-    server.wait_ready("/api/v1/healthz", timeout_s=600)
-    return server
+    return ServerProcess.start(cmd, full_env, log, base_url=f"http://127.0.0.1:{port}",
+                               base_model=source, cwd=code)
 
 
 def train(server: ServerProcess, model: str, num_tokens: int, steps: int = 1,
@@ -140,8 +139,7 @@ def resumable(key: str, measure: Any) -> Any:
     """``measure()``, or its result from an earlier run of this revision that got that far
     (``.scratch/memory/done.json``; a crash late in a long run keeps what it measured)."""
     path = SCRATCH / "done.json"
-    revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
+    revision = git_state()["commit"]
     done = json.loads(path.read_text()) if path.is_file() else {}
     if done.get("revision") != revision:
         done = {"revision": revision}
@@ -233,7 +231,7 @@ def recompute_cost(data_dir: Path, rounds: int, num_tokens: int = 2048) -> dict[
         for mode in ("none", "layer"):
             print(f"[memory] recompute={mode} round {r}", flush=True)
             def measure(mode: str = mode, r: int = r) -> float:
-                with serve(ROOT, data_dir, "builtin:smollm2-135m",
+                with serve(REPO, data_dir, "builtin:smollm2-135m",
                            {"LORAPLEX_ENGINE_RECOMPUTE": mode}, f"recompute-{mode}-{r}") as s:
                     return train(s, SMOLLM2, num_tokens, steps=2)[1]
 
@@ -246,18 +244,18 @@ def small_long_32k(data_dir: Path) -> dict[str, Any]:
     """A 32,768-token datum on builtin:small-long through the SDK."""
     print("[memory] small-long: 32768 tokens ...", flush=True)
     source = "Qwen/Qwen3-8B=builtin:small-long"
-    with serve(ROOT, data_dir, source, {}, "small-long") as s:
+    with serve(REPO, data_dir, source, {}, "small-long") as s:
         seconds = train(s, "Qwen/Qwen3-8B", 32768, vocab_size=8192)
         return {"tokens": 32768, "step_s": seconds[0],
                 "peak_bytes": vm_kib(s.process.pid, "VmHWM") << 10}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Result:
     from loraplex.cli.model_sources import resolve_source
 
     data_dir = SCRATCH / "data"
     model_dir = resolve_source("builtin:smollm2-135m", str(data_dir))
-    probe = probe_machine().as_dict()
+    record = Run("memory")
     tokens = [int(t) for t in args.tokens.split(",")]
     before_code = None if args.skip_baseline else worktree(args.baseline)
     per_token_layer = activation_bytes_per_token_layer(model_dir)
@@ -265,14 +263,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for n in tokens:  # interleaved: before then after at each size
         before = None if n > 4096 or before_code is None else point(
             before_code, data_dir, n, "before", {"LORAPLEX_ENGINE_KV_CACHE_BLOCKS": "256"})
-        after = point(ROOT, data_dir, n, "after")
+        after = point(REPO, data_dir, n, "after")
         after["theory"] = theory(model_dir, n, after["rss_after_start"], per_token_layer)
         after["peak_over_theory"] = after["peak_bytes"] / after["theory"]["total"]
         points.append({"tokens": n, "before": before, "after": after})
-    result = {"benchmark": "memory", "baseline": args.baseline,
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                         capture_output=True, text=True).stdout.strip(),
-              "machine": probe, "goals": GOALS, "points": points,
+    result: dict[str, Any] = {
+              "baseline": args.baseline, "goals": GOALS, "points": points,
               "activation_bytes_per_token_layer": per_token_layer}
     result["before_8k_extrapolated_bytes"] = extrapolate_before(points)
     last = points[-1]["after"]
@@ -285,7 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["small_long"] = long
     result["max_context_trained"] = {"smollm2-135m": max(p["tokens"] for p in points),
                                      "small-long": long["tokens"] if long else None}
-    return result
+    return record.finish(result, model=SMOLLM2)
 
 
 def extrapolate_before(points: list[dict[str, Any]]) -> int | None:
@@ -296,13 +292,11 @@ def extrapolate_before(points: list[dict[str, Any]]) -> int | None:
     return int(b2 + (b2 - b1) / (n2 - n1) * (8192 - n2))
 
 
-def write(result: dict[str, Any]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "memory.json").write_text(json.dumps(result, indent=2) + "\n")
+def markdown(record: Result) -> str:
+    result = record.payload
     gib = 2 ** 30
     lines = ["# memory: peak RSS of a SmolLM2-135M training step (loraplex serve + SDK)", "",
-             f"Revision {result['revision']} against {result['baseline']}; load average "
-             f"{result['machine']['load_avg_1m']:.1f} at start; 2 threads.", "",
+             f"Against {result['baseline']}; 2 threads. {record.provenance()}", "",
              "| tokens | before: peak GiB | after: peak GiB | theory GiB | peak ÷ theory | "
              "after: step s | before: step s |", "|---|---|---|---|---|---|---|"]
     for p in result["points"]:
@@ -324,11 +318,10 @@ def write(result: dict[str, Any]) -> None:
                   f" (small-long 32K step {result['small_long']['step_s']:.0f} s, peak "
                   f"{result['small_long']['peak_bytes'] / gib:.2f} GiB)"
                   if result["small_long"] else "")]
-    (RESULTS / "memory.md").write_text("\n".join(lines) + "\n")
-    plot(result)
+    return "\n".join(lines) + "\n"
 
 
-def plot(result: dict[str, Any]) -> None:
+def figure(result: dict[str, Any]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -353,7 +346,7 @@ def plot(result: dict[str, Any]) -> None:
     ax.set_title("SmolLM2-135M training step, loraplex serve + SDK")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "memory.png", dpi=120)
+    return fig
 
 
 def main() -> None:
@@ -366,8 +359,8 @@ def main() -> None:
     parser.add_argument("--no-small-long", action="store_true",
                         help="skip the 32K-token step on builtin:small-long")
     result = run(parser.parse_args())
-    write(result)
-    print(json.dumps({k: result[k] for k in ("peak_bytes_8k", "peak_over_theory",
+    write(result, markdown(result), RESULTS, figure=figure(result.payload))
+    print(json.dumps({k: result.payload[k] for k in ("peak_bytes_8k", "peak_over_theory",
                                              "recompute_time_cost", "max_context_trained")}))
 
 

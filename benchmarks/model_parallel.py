@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,10 +40,11 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 import torch
 
-from benchmarks.probe import load_average, probe_machine
+from benchmarks import REPO, RESULTS
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+MODEL = "builtin:smollm2-135m"
 VOCAB = 49152
 GOALS = {"per_rank_weight_bytes_vs_theory": 1.1, "logprob_max_abs_diff_vs_one_device": 0.0,
          "kl_sample_train": 0.0}
@@ -151,15 +151,15 @@ def recovery(groups: Any, model_dir: str, tmp: Path) -> float:
     return seconds
 
 
-def run(rounds: int, device: str) -> dict[str, Any]:
+def run(rounds: int, device: str) -> Result:
     from loraplex.cli.model_sources import resolve_source
     from loraplex.cluster.local_groups import LocalGroups
     from loraplex.config import EngineConfig
     from loraplex.domain.lora import LoraConfig
     from loraplex.engine.executor import Engine
 
-    model_dir = resolve_source("builtin:smollm2-135m", str(ROOT / ".scratch" / "memory" / "data"))
-    probe = probe_machine().as_dict()
+    model_dir = resolve_source(MODEL, str(REPO / ".scratch" / "memory" / "data"))
+    record = Run("model_parallel")
     engine = Engine(model_dir, EngineConfig(num_threads=2, kv_cache_blocks=256,
                                             device=device))
     groups = LocalGroups(EngineConfig(num_threads=1, kv_cache_blocks=256, device=device),
@@ -170,7 +170,7 @@ def run(rounds: int, device: str) -> dict[str, Any]:
             executor.create_adapter(name, LoraConfig(rank=16, seed=i))
     one_device = engine.model.weights.nbytes() + engine.model.packed_bytes()
     result: dict[str, Any] = {
-        "benchmark": "model_parallel", "machine": probe, "goals": GOALS,
+        "device": device, "goals": GOALS,
         "weight_bytes_per_rank": group.weight_bytes, "weight_bytes_one_device": one_device,
         "per_rank_weight_bytes_vs_theory": max(group.weight_bytes) / (one_device / 2),
         "logprob_max_abs_diff_vs_one_device": logprob_diff(engine, group)}
@@ -192,10 +192,21 @@ def run(rounds: int, device: str) -> dict[str, Any]:
     group.close()
     with tempfile.TemporaryDirectory() as tmp:
         result["recovery_s"] = recovery(groups, model_dir, Path(tmp))
-    result["load_avg_end"] = load_average()
-    result["revision"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True).stdout.strip()
-    return result
+    return record.finish(result, model=MODEL)
+
+
+def markdown(record: Result) -> str:
+    r, g = record.payload, record.payload["goals"]
+    ratio = r["throughput_ratio_2v1"]
+    return "\n".join([
+        "# Model parallel: a group of 2 ranks vs one engine, SmolLM2-135M", "",
+        f"`python -m benchmarks.model_parallel`, device {r['device']}. {record.provenance()}",
+        "", "| key | value | goal |", "|---|---|---|",
+        *(f"| `{key}` | {r[key]:.4g} | {'≤' if key.startswith('per_rank') else '='} "
+          f"{goal:g} |" for key, goal in g.items()),
+        f"| `throughput_ratio_2v1` (train, sample) | {ratio['train']:.3f}, "
+        f"{ratio['sample']:.3f} | |",
+        f"| `recovery_s` | {r['recovery_s']:.1f} | |", ""])
 
 
 def main() -> None:
@@ -204,10 +215,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (two GPUs: NCCL)")
     args = parser.parse_args()
     result = run(args.rounds, args.device)
-    result["device"] = args.device
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "model_parallel.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in (
+    write(result, markdown(result), RESULTS)
+    print(json.dumps({k: result.payload[k] for k in (
         "per_rank_weight_bytes_vs_theory", "logprob_max_abs_diff_vs_one_device",
         "kl_sample_train", "throughput_ratio_2v1", "recovery_s")}, indent=2))
 

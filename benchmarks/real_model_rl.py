@@ -31,11 +31,14 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from benchmarks.probe import load_average, probe_machine
 
 TASKS = ("clamp", "arithmetic")
 WORK = SCRATCH / "bench" / "real_model_rl"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct (builtin:smollm2-135m, Q4_1 GGUF dequantised)"
 #: The arithmetic goal compares the base model's and the final policy's reward on the held-out
 #: evaluation problems; the rollout rewards of the first and last EDGE_STEPS steps are reported.
 EDGE_STEPS = 3
@@ -142,10 +145,11 @@ def _f(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def markdown(records: dict[str, dict[str, Any]], met: dict[str, Any]) -> str:
+def markdown(result: Result) -> str:
+    records, met = result.payload["tasks"], result.payload["goals"]
     lines = ["# RL on a real LM: SmolLM2-135M-Instruct (`loraplex demo --model smollm2`)", "",
              "Written by `benchmarks/real_model_rl.py`. Each task is one run of the CLI on 2 "
-             "cores (its own server, the official SDK).", "",
+             f"cores (its own server, the official SDK). {result.provenance()}", "",
              "| task | base (train / held-out) | after SFT | after GRPO | max abs kl_sample_train"
              " | wall | load avg 1m (mean / max) | GEMM GFLOP/s before / after |",
              "|---|---|---|---|---|---|---|---|"]
@@ -175,7 +179,7 @@ def markdown(records: dict[str, dict[str, Any]], met: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(records: dict[str, dict[str, Any]], path: Path) -> None:
+def figure(records: dict[str, dict[str, Any]]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,22 +204,17 @@ def plot(records: dict[str, dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def assemble(results_dir: Path) -> dict[str, Any]:
+def assemble(run: Run, results_dir: Path) -> dict[str, Any]:
+    """The result from every task's record present (each carries its own load and probes, so
+    the run's own readings skip the probe)."""
     records = {t: json.loads((WORK / t / "record.json").read_text())
                for t in TASKS if (WORK / t / "record.json").is_file()}
-    met = goals(records)
-    payload = {"benchmark": "real_model_rl", "model": "HuggingFaceTB/SmolLM2-135M-Instruct "
-               "(builtin:smollm2-135m, Q4_1 GGUF dequantised)", "goals": met, "tasks": records}
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "real_model_rl.json").write_text(json.dumps(payload, indent=2))
-    (results_dir / "real_model_rl.md").write_text(markdown(records, met))
-    if records:
-        plot(records, results_dir / "real_model_rl.png")
-    return payload
+    result = run.finish({"goals": goals(records), "tasks": records}, model=MODEL)
+    write(result, markdown(result), results_dir, figure=figure(records) if records else None)
+    return result.payload
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, default=RESULTS, help="output folder")
     args = parser.parse_args(argv)
+    run = Run("real_model_rl", probe=False)
     for task in args.tasks:
         print(f"real_model_rl: {task} ...", flush=True)
         record = run_task(task, args.seed)
         print(f"real_model_rl: {task} done in {record['wall_s']:.0f} s", flush=True)
-    payload = assemble(args.results)
+    payload = assemble(run, args.results)
     print(json.dumps(payload["goals"], indent=2))
     return 0
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -46,6 +45,9 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 from benchmarks import RESULTS
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.server_process import ServerProcess, serve_loraplex
+from benchmarks.harness.writer import write
 
 MODEL = "tiny"
 UNBOUNDED = "1000000000"
@@ -64,18 +66,8 @@ HEAVY_WINDOW_S = 10.0  # the light tenant samples at least this long beside the 
 TRAIN_BATCH = (8, 1024)  # datums × tokens per forward_backward
 
 
-def start(mode: str, data_dir: Path) -> Any:
-    from benchmarks.harness.server_process import ServerProcess, free_port
-
-    data_dir.mkdir(parents=True)
-    port = free_port()
-    cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{MODEL}=builtin:tiny",
-           "--open", "--data-dir", str(data_dir), "--port", str(port), "--threads", "1"]
-    env = {**os.environ, **MODES[mode], "NO_PROXY": "127.0.0.1,localhost"}
-    server = ServerProcess.launch(cmd, env, data_dir / "server.log",
-                                  base_url=f"http://127.0.0.1:{port}", base_model=MODEL)
-    server.wait_ready("/api/v1/healthz", 600)
-    return server
+def start(mode: str, data_dir: Path) -> ServerProcess:
+    return serve_loraplex(MODEL, "builtin:tiny", data_dir, "--threads", "1", env=MODES[mode])
 
 
 def service(url: str, key: str) -> Any:
@@ -201,8 +193,9 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def markdown(result: dict[str, Any]) -> str:
-    s, m = result["summary"], result["machine"]
+def markdown(record: Result) -> str:
+    result = record.payload
+    s = result["summary"]
     loads = [r["load_avg_1m"] for runs in result["rounds"].values() for r in runs]
     rounds = len(next(iter(result["rounds"].values())))
     lines = ["# Sampling fairness: a short sample beside a heavy sampler", "",
@@ -230,8 +223,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {workload} | {mode} | {r['solo_p50_s']} | {r['beside_p50_s']} | "
                          f"{r['beside_p95_s']} | {r['beside_over_solo_p50']}× | "
                          f"{r['heavy_samples_per_s']} | {ratio} |")
-    lines += ["", f"Load average (1 min): {min(loads):.2f}–{max(loads):.2f}; GEMM probe "
-              f"{m['gemm_gflops']:.1f} GFLOP/s, {m['num_threads']} threads.", ""]
+    lines += ["", f"Load average (1 min) during the rounds: {min(loads):.2f}–{max(loads):.2f}.",
+              "", record.provenance(), ""]
     return "\n".join(lines)
 
 
@@ -251,9 +244,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from benchmarks.probe import probe_machine
-
-    machine = probe_machine().as_dict()
+    run = Run("sample_fairness")
     with tempfile.TemporaryDirectory(prefix="sample-fairness-") as scratch:
         servers = {mode: start(mode, Path(scratch) / mode) for mode in modes}
         try:
@@ -272,12 +263,10 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-    result = {"workloads": workloads, "modes": modes, "heavy_prompt": args.heavy_prompt,
-              "heavy_clients": args.heavy_clients,
-              "machine": machine, "rounds": rounds, "summary": summarize(rounds)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sample_fairness.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "sample_fairness.md").write_text(markdown(result))
+    result = run.finish({"workloads": workloads, "modes": modes,
+                         "heavy_prompt": args.heavy_prompt, "heavy_clients": args.heavy_clients,
+                         "rounds": rounds, "summary": summarize(rounds)}, model="builtin:tiny")
+    write(result, markdown(result), args.out)
     print(markdown(result))
 
 

@@ -43,6 +43,8 @@ from tqdm import tqdm
 from benchmarks import REPO, RESULTS, SCRATCH
 from benchmarks.adapters import nonzero_adapter
 from benchmarks.base_gemms import base_gemm_replay
+from benchmarks.harness.result import Result, Run, git_state
+from benchmarks.harness.writer import write
 from benchmarks.probe import load_average, probe_machine
 from benchmarks.real_models import LABELS, MODELS, smollm2_dir
 
@@ -249,12 +251,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     cand, base = result["candidate"], result.get("baseline")
     lines = [
         "# Step overhead: per-layer cost that is not a base-model GEMM",
         "",
-        f"Measured {result['measured_at']} with `python -m benchmarks.step_overhead`, "
+        "`python -m benchmarks.step_overhead`, "
         f"{result['model_label']}, {result['threads']} thread(s), {result['rounds']} "
         "interleaved rounds (fresh process each), process CPU time, medians. Candidate "
         f"`{result['candidate_rev']}`" + (f", baseline `{result['baseline_rev']}`" if base else "")
@@ -281,7 +284,8 @@ def markdown(result: dict[str, Any]) -> str:
     for name, runs in (("candidate", cand), ("baseline", base)):
         if runs:
             lines.append(f"* {name}: load {runs['load']}; GEMM probe {runs['gemm_probe_gflops']}")
-    lines += ["", "The machine is shared: compare only numbers of one run.", ""]
+    lines += ["", f"The machine is shared: compare only numbers of one run. "
+              f"{record.provenance()}", ""]
     return "\n".join(lines)
 
 
@@ -330,6 +334,7 @@ def main() -> None:
         from loraplex.engine.builtin.model import ensure_builtin_model
         model_dir = ensure_builtin_model((SCRATCH / "bench" / "step_overhead" / "small").resolve(),
                                          "qwen3", "small", seed=0)
+    run = Run("step_overhead", probe=False)  # each child process records its own
     sources = {"candidate": REPO}
     if args.baseline:
         sources["baseline"] = baseline_source(args.baseline)
@@ -338,25 +343,19 @@ def main() -> None:
         name = list(sources)[(i + i // len(sources)) % len(sources)]  # alternate who goes first
         runs[name].append(run_child(sources[name], model_dir, args.threads, args.steps,
                                      tuple(args.only)))
-    result: dict[str, Any] = {
-        "benchmark": "step_overhead", "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    git = git_state()
+    payload: dict[str, Any] = {
         "model_label": LABELS[args.model], "threads": args.threads, "rounds": args.rounds,
-        "candidate_rev": git_rev("HEAD") + ("+dirty" if _dirty() else ""),
+        "candidate_rev": git["commit"] + ("+dirty" if git["loraplex_dirty"] else ""),
         "baseline_rev": git_rev(args.baseline) if args.baseline else None,
         "candidate": summarise(runs["candidate"]),
         "baseline": summarise(runs["baseline"]) if args.baseline else None,
         "raw": runs,
     }
-    stem = "step_overhead" if args.model == "smollm2" else "step_overhead_small"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(result))
+    result = run.finish(payload, model=LABELS[args.model], name="step_overhead" if
+                        args.model == "smollm2" else "step_overhead_small")
+    write(result, markdown(result), args.out)
     print(markdown(result))
-
-
-def _dirty() -> bool:
-    return bool(subprocess.run(["git", "status", "--porcelain", "loraplex"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip())
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Writes ``streaming.json``, ``streaming.md`` and ``streaming.png``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,25 +33,20 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 from benchmarks import RESULTS
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.server_process import ServerProcess, serve_loraplex
+from benchmarks.harness.writer import write
 
 SERVED = "bench-model"
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 BATCH = 4
 
 
-def start_server(model: str, data_dir: Path, stream_decode_steps: int | None) -> Any:
-    from benchmarks.harness.server_process import ServerProcess, free_port
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{SERVED}={model}", "--open",
-           "--data-dir", str(data_dir), "--port", str(port)]
-    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
-    if stream_decode_steps is not None:
-        env["LORAPLEX_SCHEDULER_STREAM_DECODE_STEPS"] = str(stream_decode_steps)
-    server = ServerProcess.launch(cmd, env, data_dir / "server.log",
-                                  base_url=f"http://127.0.0.1:{port}", base_model=SERVED)
-    server.wait_ready("/api/v1/healthz", 900)
-    return server
+def start_server(model: str, data_dir: Path, stream_decode_steps: int | None
+                 ) -> ServerProcess:
+    env = ({} if stream_decode_steps is None else
+           {"LORAPLEX_SCHEDULER_STREAM_DECODE_STEPS": str(stream_decode_steps)})
+    return serve_loraplex(SERVED, model, data_dir, env=env, timeout_s=900)
 
 
 def client(url: str) -> Any:
@@ -133,8 +127,9 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, float]:
                                                      / med("batch_beside_unstreamed_s"), 4)}
 
 
-def markdown(result: dict[str, Any]) -> str:
-    s, m = result["summary"], result["machine"]
+def markdown(record: Result) -> str:
+    result = record.payload
+    s = result["summary"]
     loads = [r["load_avg_1m"] for r in result["rounds"]]
     return "\n".join([
         "# Streaming: time to first token vs the whole completion", "",
@@ -153,11 +148,11 @@ def markdown(result: dict[str, Any]) -> str:
         f"| {BATCH} unstreamed beside a 5th unstreamed | {s['batch_beside_unstreamed_s']} | |",
         f"| {BATCH} unstreamed beside that 5th streamed | {s['batch_beside_stream_s']} | "
         f"{s['batch_beside_stream_over_unstreamed']} × beside unstreamed |", "",
-        f"Load average (1 min) during the rounds: {min(loads):.2f}–{max(loads):.2f}; GEMM "
-        f"probe {m['gemm_gflops']:.1f} GFLOP/s, {m['num_threads']} threads.", ""])
+        f"Load average (1 min) during the rounds: {min(loads):.2f}–{max(loads):.2f}.", "",
+        record.provenance(), ""])
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def figure(result: dict[str, Any]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,7 +169,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{result['model']}, {result['max_tokens']} tokens")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return fig
 
 
 def main() -> None:
@@ -190,9 +185,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from benchmarks.probe import probe_machine
-
-    machine = probe_machine().as_dict()
+    run = Run("streaming")
     with tempfile.TemporaryDirectory(prefix="streaming-") as scratch:
         server = start_server(args.model, Path(scratch), args.stream_decode_steps)
         try:
@@ -204,13 +197,11 @@ def main() -> None:
                       for seed in tqdm(range(1, args.rounds + 1), desc="rounds", unit="round")]
         finally:
             server.stop()
-    result = {"model": args.model, "max_tokens": args.max_tokens, "prompt_tokens": prompt_tokens,
-              "stream_decode_steps": args.stream_decode_steps,
-              "machine": machine, "rounds": rounds, "summary": summarize(rounds)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "streaming.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "streaming.md").write_text(markdown(result))
-    plot(result, args.out / "streaming.png")
+    result = run.finish({"model": args.model, "max_tokens": args.max_tokens,
+                         "prompt_tokens": prompt_tokens,
+                         "stream_decode_steps": args.stream_decode_steps, "rounds": rounds,
+                         "summary": summarize(rounds)}, model=args.model)
+    write(result, markdown(result), args.out, figure=figure(result.payload))
     print(markdown(result))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import random
 import statistics
@@ -37,7 +36,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 import httpx
 from tqdm import tqdm
 
-from benchmarks import REPO, RESULTS
+from benchmarks import RESULTS
 from benchmarks.cost_validation.predict import (
     CALIBRATION,
     Measured,
@@ -47,8 +46,10 @@ from benchmarks.cost_validation.predict import (
     model_card,
     predict_phases,
 )
-from benchmarks.cost_validation.report import write_markdown
-from benchmarks.harness.server_process import ServerProcess, free_port
+from benchmarks.cost_validation.report import markdown
+from benchmarks.harness.result import Run
+from benchmarks.harness.server_process import serve_loraplex
+from benchmarks.harness.writer import write
 from benchmarks.probe import MachineProbe, median_seconds, probe_machine
 from loraplex.domain.model_card import ModelCard
 
@@ -251,30 +252,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def launch_server(data_dir: Path, threads: int, log_path: Path, model: str = MODEL_NAME
-                  ) -> ServerProcess:
-    port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--data-dir",
-           str(data_dir), "--model", f"{model}=builtin:{model}", "--open"]
-    return ServerProcess.launch(cmd, env, log_path, base_url=f"http://127.0.0.1:{port}",
-                                base_model=model)
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     settings = Settings.quick(args.threads) if args.quick else Settings(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    run = Run("cost_validation", probe=False)  # every step is probed before and after
     with tempfile.TemporaryDirectory(prefix="cost_validation_") as tmp:
         data_dir = Path(args.data_dir) if args.data_dir else Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
         print(f"starting loraplex serve ({args.model}, {args.threads} threads) in {data_dir}",
               file=sys.stderr)
-        with launch_server(data_dir, args.threads, Path(tmp) / "server.log",
-                           args.model) as server:
-            server.wait_ready("/api/v1/healthz", args.startup_timeout)
+        threads = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+        with serve_loraplex(args.model, f"builtin:{args.model}", data_dir, env=threads,
+                            timeout_s=args.startup_timeout) as server:
             card = model_card(data_dir / "models" / f"builtin-{args.model}" / "config.json",
                               args.model)
             records = run_workloads(server.base_url, settings, card, args.model)
@@ -282,12 +271,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["settings"] = asdict(settings) | {"quick": args.quick}
     name = "cost_validation" + ("_moe" if args.model != MODEL_NAME else "") + (
         "_quick" if args.quick else "")
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(result, out / f"{name}.md", MOE_NOTES if args.model != MODEL_NAME else "")
+    record = run.finish(result, model=f"builtin:{args.model}", name=name)
+    write(record, markdown(record, MOE_NOTES if args.model != MODEL_NAME else ""),
+          Path(args.out))
     for phase, row in result["phases"].items():
         print(f"{phase:10s} predicted {row['predicted_s']:8.2f} s  measured "
               f"{row['measured_s']:8.2f} s  ratio {row['ratio']:.2f}", file=sys.stderr)
-    print(f"wrote {out / name}.json and .md", file=sys.stderr)
+    print(f"wrote {Path(args.out) / name}.json and .md", file=sys.stderr)
     return result
 
 

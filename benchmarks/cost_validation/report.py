@@ -1,12 +1,13 @@
 """Markdown for `benchmarks/cost_validation/`: the method, the per-phase table (raw ratios
-first), the probes and the calibrated predictions, from the result JSON. Knows nothing about
-servers or the cost model; formats numbers only.
+first, judged by the goal the run recorded), the probes and the calibrated predictions, from
+the result. Knows nothing about servers or the cost model; formats numbers only.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
+
+from benchmarks.harness.result import Result
 
 PHASE_TITLES = {"sft_train": "SFT train (forward_backward + optim_step)",
                 "rl_sample": "GRPO sampling (prefill + decode)",
@@ -44,9 +45,10 @@ METHOD = """\
      streamed once per iteration + the KV cache of every sequence, at the copy rate; KV in
      fp32) or the decode FLOPs at the forward GEMM rate, whichever is larger (roofline). The
      calculator's bandwidth-only decode is shown beside it.
-4. `ratio = measured_s / predicted_s`, summed over a phase's steps; goal |ratio − 1| ≤ 20%. The
-   calibrated rows apply the efficiency measured on SFT (achieved ÷ probed rate) to the other
-   phases' FLOP terms: they are labelled as calibrated and never replace the raw ratio.
+4. `ratio = measured_s / predicted_s`, summed over a phase's steps; goal |ratio − 1| ≤
+   {goal:.0%}. The calibrated rows apply the efficiency measured on SFT (achieved ÷ probed
+   rate) to the other phases' FLOP terms: they are labelled as calibrated and never replace
+   the raw ratio.
    Before the rounds, two sampling steps of other shapes (`Settings.calibration_shapes`,
    prompts × G) measure what a decode iteration costs beyond the roofline; a line
    ``c0 + c1 · rows`` through them prices the GRPO step's iterations (an extrapolation to its
@@ -58,9 +60,9 @@ def _f(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:,.{digits}f}"
 
 
-def phase_table(phases: dict[str, dict[str, Any]]) -> list[str]:
+def phase_table(phases: dict[str, dict[str, Any]], goal: float) -> list[str]:
     lines = ["| phase | steps | predicted FLOPs | tokens | predicted s | measured s | ratio | "
-             "per-step ratios | within 20% |", "|---|---|---|---|---|---|---|---|---|"]
+             f"per-step ratios | within {goal:.0%} |", "|---|---|---|---|---|---|---|---|---|"]
     for key, r in phases.items():
         tok = (f"{r['tokens']:,.0f} trained" if "tokens" in r else
                f"{r['prompt_tokens']:,.0f} prompt ({r['cache_hit_tokens']:,.0f} cached), "
@@ -192,7 +194,8 @@ def fitted_row(cal: dict[str, Any], phases: dict[str, Any]) -> list[str]:
             f"{_f(phases['rl_sample']['measured_s'])} | **{_f(row['ratio'])}** |"]
 
 
-def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
+def markdown(record: Result, notes: str = "") -> str:
+    result = record.payload
     phases, cal, m = result["phases"], result["calibrated"], result["model"]
     s = result["settings"]
     lines = [
@@ -205,9 +208,9 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
         f"{s['max_tokens']}). Server and probe threads: {s['threads']}. Load average 1 m "
         f"during the run: mean {result['probes']['load_avg_1m_mean']:.1f}, max "
         f"{result['probes']['load_avg_1m_max']:.1f} (2 cores, shared)."
-        + (" **Quick smoke run.**" if s["quick"] else ""), "",
+        + (" **Quick smoke run.**" if s["quick"] else ""), "", record.provenance(), "",
         "## Result (raw: measured ÷ predicted, MFU = MBU = 1 on the measured rates)", "",
-        *phase_table(phases), "",
+        *phase_table(phases, result["goal"]), "",
         "### Where the time goes", "", *breakdown(phases), "",
         "### Calibrated (labelled: SFT's forward_backward efficiency applied to the others; "
         "sampling's per-iteration overhead fitted on other sampling shapes)", "",
@@ -226,8 +229,8 @@ def write_markdown(result: dict[str, Any], path: Path, notes: str = "") -> None:
         "## Machine probes (same run: before the first step and after every step)", "",
         *probe_table(result["probes"]), "",
         *reading(result),
-        METHOD,
+        METHOD.format(goal=result["goal"]),
     ]
     if notes:
         lines += [notes]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"

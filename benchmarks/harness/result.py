@@ -147,14 +147,21 @@ class Run:
         self.revision = git_revision()
         self.start = Reading.now(probe)
         self._t0 = time.perf_counter()
+        self._end: tuple[Reading, float] | None = None
+
+    def stop(self) -> Reading:
+        """Take the end reading now, for a payload computed from it (a roofline from the
+        probes); `finish` keeps it."""
+        self._end = (Reading.now(self._probe), time.perf_counter())
+        return self._end[0]
 
     def finish(self, payload: dict[str, Any], *, model: str = "", name: str | None = None
                ) -> Result:
-        """The record, with the end reading taken now; ``name`` overrides the run's name
-        (a variant chosen by the run's arguments, e.g. ``engine_train_smollm2``)."""
-        wall_s = round(time.perf_counter() - self._t0, 1)
+        """The record, with the end reading taken now (or at `stop`); ``name`` overrides the
+        run's name (a variant chosen by the run's arguments, e.g. ``engine_train_smollm2``)."""
+        end, t1 = self._end or (Reading.now(self._probe), time.perf_counter())
         return Result(name or self.name, model, self.revision, Machine.here(), self.start,
-                      Reading.now(self._probe), wall_s, payload)
+                      end, round(t1 - self._t0, 1), payload)
 
 
 def git_revision(repo: Path = REPO) -> str:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -56,7 +55,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.harness.result import git_state
+from benchmarks.harness.result import Run, git_state
+from benchmarks.harness.writer import write
 from benchmarks.load.phases import (
     SETUP_TIMEOUT_S,
     Recorder,
@@ -67,7 +67,7 @@ from benchmarks.load.phases import (
     phase_spans,
     soak_phase,
 )
-from benchmarks.load.server import RssSampler, load_server
+from benchmarks.load.server import MODEL_NAME, MODEL_SOURCE, RssSampler, load_server
 from benchmarks.load.settings import SDK_HEARTBEAT_S, SMOKE, Settings
 from benchmarks.load.summary import error_summary, goals, per_kind, rss_around, rss_summary
 from benchmarks.load.workers import CLIENT_SCRIPT, FLOOD_SCRIPT, OPENAI_SCRIPT, Workers
@@ -249,40 +249,27 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     # Imported after parsing, so that --help needs neither torch nor matplotlib.
-    from benchmarks.load.report import write_report
-    from benchmarks.probe import probe_machine
+    from benchmarks.load.report import figure, markdown
 
     settings = settings_from(args)
     # SIGTERM unwinds like Ctrl-C, so the server and the client processes are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    started = time.time()
-    probe_start = probe_machine()
-    tqdm.write(f"probe: {probe_start}")
+    run_record = Run("load")
+    tqdm.write(f"probe: {run_record.start.probe}")
     if args.keep_scratch:
         args.keep_scratch.mkdir(parents=True, exist_ok=True)
         measured = run(settings, Path(tempfile.mkdtemp(prefix="load-", dir=args.keep_scratch)))
     else:
         with tempfile.TemporaryDirectory(prefix="loraplex-load-") as scratch:
             measured = run(settings, Path(scratch))
-    probe_end = probe_machine()
-    result = {
-        "benchmark": "load",
-        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
-        "smoke": args.smoke, "git": git_state(), "cores": os.cpu_count(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
-                   f"{platform.python_version()}",
-        "probe_start": probe_start.as_dict(), "probe_end": probe_end.as_dict(),
-        "load_avg": {"start": [probe_start.load_avg_1m, probe_start.load_avg_5m],
-                     "end": [probe_end.load_avg_1m, probe_end.load_avg_5m]},
-        **assemble(settings, measured),
-    }
-    result["wall_s"] = time.time() - started
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_report(result, args.out / "load.json", args.out / "load.md", args.out / "load.png")
+    payload = {"smoke": args.smoke, "git": git_state(), "cores": os.cpu_count(),
+               **assemble(settings, measured)}
+    result = run_record.finish(payload, model=f"{MODEL_NAME}={MODEL_SOURCE}")
+    write(result, markdown(result, "load.png"), args.out, figure=figure(payload))
     verdict = ", ".join(f"{name} {'PASS' if g['pass'] else 'FAIL'}"
-                        for name, g in result["goals"].items())
-    tqdm.write(f"wrote {args.out}/load.{{json,md,png}} in {result['wall_s']:.0f} s: {verdict}")
-    return result
+                        for name, g in payload["goals"].items())
+    tqdm.write(f"wrote {args.out}/load.{{json,md,png}} in {result.wall_s:.0f} s: {verdict}")
+    return payload
 
 
 if __name__ == "__main__":

@@ -1,27 +1,19 @@
-"""JSON, markdown and PNG for `benchmarks/load/`'s result dict: the goals with their verdicts,
-per-op-kind latency, RSS levels, the flood and OpenAI windows, the phases; a two-panel plot (server
-RSS over time with the phases shaded; every op's latency over time).
+"""Markdown and PNG for `benchmarks/load/`'s result: the goals with their verdicts (as the run
+judged them), per-op-kind latency, RSS levels, the flood and OpenAI windows, the phases; a
+two-panel plot (server RSS over time with the phases shaded; every op's latency over time).
 
-Reads only the result dict; measures nothing.
+Reads only the result; measures nothing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.writer import compact_json
+from benchmarks.harness.result import Result
 
 PHASE_COLORS = {"soak": "C0", "stopping": "C7", "expiry": "C2", "baseline_a": "C8",
                 "flood": "C3", "drain": "C1", "baseline_b": "C8", "openai": "C4",
                 "openai_stop": "C7", "baseline_c": "C8"}
-
-
-def write_report(result: dict[str, Any], json_path: Path, md_path: Path, png_path: Path
-                 ) -> None:
-    json_path.write_text(compact_json(result) + "\n")
-    md_path.write_text(markdown(result, png_path.name))
-    figure(result).savefig(png_path, dpi=110)
 
 
 def _ms(value: float | None) -> str:
@@ -127,22 +119,18 @@ def openai_lines(result: dict[str, Any]) -> list[str]:
             + errors_lines("Normal tenants' errors", o["normal_errors"]))
 
 
-def markdown(result: dict[str, Any], png_name: str) -> str:
+def markdown(record: Result, png_name: str) -> str:
+    result = record.payload
     s, soak, rss = result["settings"], result["soak"], result["rss"]
-    p0, p1 = result["probe_start"], result["probe_end"]
     phases = {p["name"]: p for p in result["phases"]}
     cmd = "python -m benchmarks.load" + (" --smoke" if result["smoke"] else "")
     lines = [
         f"# Load: {s['clients']} SDK clients × {s['soak_s']:g} s, then one flooding tenant "
         f"beside {s['steady_tenants']} normal ones, then {s['openai_clients']} OpenAI-API "
         "clients beside them", "",
-        f"Measured {result['measured_at']} with `{cmd}` in {result['wall_s'] / 60:.1f} min on "
-        f"{result['cores']} cores at commit {result['git']['commit']}"
+        f"`{cmd}`"
         f"{' (loraplex/ had uncommitted changes)' if result['git']['loraplex_dirty'] else ''}. "
-        f"**Load average** at start {p0['load_avg_1m']:.2f} (5 min {p0['load_avg_5m']:.2f}), "
-        f"at end {p1['load_avg_1m']:.2f} ({p1['load_avg_5m']:.2f}); GEMM probe (fp32 "
-        f"4096×512→512 fwd+bwd) {p0['gemm_fwd_bwd_gflops']:.1f} → "
-        f"{p1['gemm_fwd_bwd_gflops']:.1f} GFLOP/s. Server: `loraplex serve --open --model "
+        f"{record.provenance()} Server: `loraplex serve --open --model "
         f"Qwen/Qwen3-8B=builtin:tiny --threads {s['threads']}` with "
         + ", ".join(f"`{k}={v}`" for k, v in result["server_env"].items()) + ".", "",
         *goals_table(result), "",

@@ -122,10 +122,9 @@ def load_server(settings: ServerSettings, data_dir: Path, model_cache: Path | No
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLEX_")}
     env.update(settings.environment(), NO_PROXY="127.0.0.1,localhost",
                no_proxy="127.0.0.1,localhost")
-    process = ServerProcess.launch(cmd, env, data_dir / "server.log",
-                                   base_url=f"http://127.0.0.1:{port}", base_model=MODEL_NAME)
+    process = ServerProcess.start(cmd, env, data_dir / "server.log",
+                                  base_url=f"http://127.0.0.1:{port}", base_model=MODEL_NAME)
     try:
-        process.wait_ready("/api/v1/healthz", 600.0)
         yield LoadServer(process)
     except Exception:
         print(f"server log {process.log_path} (last lines):\n{log_tail(process.log_path)}",

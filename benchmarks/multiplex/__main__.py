@@ -25,7 +25,6 @@ import os
 import signal
 import statistics
 import sys
-import time
 import traceback
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -38,15 +37,17 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
-from benchmarks.harness.result import git_state
+from benchmarks.harness.result import Run, git_state
+from benchmarks.harness.writer import write
 from benchmarks.multiplex.pool import TenantPool
 from benchmarks.multiplex.run import MODEL_NAME, RunSpec, loraplex_server, run_loop
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
 from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
-from benchmarks.probe import probe_machine
 
 VARIANTS = ("packed", "timeslice", "single")
+#: `per_op_overhead_ms` below; packed ÷ one-adapter `efficiency` at least (the plot's line).
+GOALS = {"per_op_overhead_ms": 5.0, "efficiency": 0.9}
 
 
 @dataclass(frozen=True)
@@ -283,23 +284,22 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     # Imported after parsing, so that --help needs neither matplotlib nor the scheduler.
-    from benchmarks.multiplex.report import write_report
+    from benchmarks.multiplex.report import figure, markdown
     from benchmarks.scheduler_overhead import per_op_overhead_ms
 
     settings = settings_from(args)
     # SIGTERM unwinds like Ctrl-C, so the servers and tenant processes are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    started = time.time()
     model_dir = ensure_small_model(args.model_dir)
-    probe_start = probe_machine()
+    run = Run("multiplex")
+    probe_start = run.start.probe or {}
     flops = flops_per_trained_token(model_dir)
-    roofline_tok_s = probe_start.gemm_fwd_bwd_gflops * 1e9 / flops
+    roofline_tok_s = probe_start["gemm_fwd_bwd_gflops"] * 1e9 / flops
     tqdm.write(f"probe: {probe_start}; roofline {roofline_tok_s:.0f} trained tok/s")
     result: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "quick": args.quick, "settings": asdict(settings), "model_dir": str(model_dir),
         "flops_per_trained_token": flops, "roofline_tok_s": roofline_tok_s,
-        "cores": os.cpu_count(), "git": git_state(), "probe_start": probe_start.as_dict(),
+        "cores": os.cpu_count(), "git": git_state(), "goals": GOALS,
         "per_op_overhead_ms": per_op_overhead_ms(16, 10 if args.quick else 50),
     }
     result["modes"] = multiplex_phase(settings, model_dir, args.scratch_dir, roofline_tok_s)
@@ -307,13 +307,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["peer"] = {"status": "skipped", "reason": "--skip-skyrl"}
     else:
         result["peer"] = peer_phase(settings, model_dir, args.scratch_dir, args.skyrl_dir)
-    result["probe_end"] = probe_machine().as_dict()
-    result["wall_s"] = time.time() - started
+    record = run.finish(result, model=f"{MODEL_NAME} (loraplex's small built-in)")
     out = args.out or (args.scratch_dir if args.quick else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "multiplex.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_report(result, out / "multiplex.md", out / "multiplex.png")
-    tqdm.write(f"wrote {out}/multiplex.{{json,md,png}} in {result['wall_s'] / 60:.1f} min")
+    write(record, markdown(record, "multiplex.png"), out,
+          figure=figure(result, f"{record.start.at}, load avg {record.start.load_avg[0]:.1f}"))
+    tqdm.write(f"wrote {out}/multiplex.{{json,md,png}} in {record.wall_s / 60:.1f} min")
     return result
 
 

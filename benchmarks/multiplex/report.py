@@ -1,16 +1,17 @@
-"""Markdown and PNG for `benchmarks/multiplex/`'s result dict: per-mode tables by K, the
-profile of where time went, the loraplex vs SkyRL tx ratios, and a two-panel plot
-(aggregate throughput of packed / timeslice / single, and efficiency and speedup vs K).
+"""Markdown and PNG for `benchmarks/multiplex/`'s result: per-mode tables by K, the profile of
+where time went, the loraplex vs SkyRL tx ratios, and a two-panel plot (aggregate throughput of
+packed / timeslice / single, and efficiency and speedup vs K), judged by the run's own goals.
 
-Reads only the result dict; measures nothing.
+Reads only the result; measures nothing.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 from typing import Any
+
+from benchmarks.harness.result import Result
 
 VARIANT_LABELS = {"packed": "packed (loraplex default)", "timeslice": "timeslice (one model "
                   "per cycle)", "single": "one adapter, K× batch"}
@@ -143,26 +144,17 @@ def peer_section(peer: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_report(result: dict[str, Any], md_path: Path, png_path: Path) -> None:
-    md_path.write_text(markdown(result, png_path.name))
-    plot(result, png_path)
-
-
-def markdown(result: dict[str, Any], png_name: str) -> str:
+def markdown(record: Result, png_name: str) -> str:
+    result = record.payload
     s = result["settings"]
-    p0, p1 = result["probe_start"], result["probe_end"]
+    p0 = record.start.probe or {}
     lines = [
         "# Multiplexing: K tenants on one server (packed clock cycles vs time-slicing vs one "
         "adapter)", "",
-        f"Measured {result['measured_at']} with `python -m benchmarks.multiplex"
-        f"{' --quick' if result['quick'] else ''}` in {result['wall_s'] / 60:.1f} min on "
-        f"{result['cores']} cores at commit {result['git']['commit']}"
+        f"`python -m benchmarks.multiplex{' --quick' if result['quick'] else ''}`"
         f"{' (loraplex/ had uncommitted changes)' if result['git']['loraplex_dirty'] else ''}"
-        f". **Load average** at start {p0['load_avg_1m']:.2f} (5 min "
-        f"{p0['load_avg_5m']:.2f}), at end {p1['load_avg_1m']:.2f} ({p1['load_avg_5m']:.2f}); "
-        f"GEMM probe (fp32 4096×512→512 fwd+bwd) {p0['gemm_fwd_bwd_gflops']:.1f} → "
-        f"{p1['gemm_fwd_bwd_gflops']:.1f} GFLOP/s, copy {p0['copy_gbps']:.1f} → "
-        f"{p1['copy_gbps']:.1f} GB/s. Roofline for trained tokens: probe rate ÷ "
+        f". {record.provenance()} Roofline for trained tokens: the probe's fwd+bwd rate "
+        f"({p0.get('gemm_fwd_bwd_gflops', 0):.1f} GFLOP/s at start) ÷ "
         f"{result['flops_per_trained_token'] / 1e6:.0f} MFLOP/token = "
         f"{result['roofline_tok_s']:.0f} tok/s.", "",
         f"Workload per tenant step: SFT {s['sft_batch']} × {s['seq_len']} tokens "
@@ -180,7 +172,8 @@ def markdown(result: dict[str, Any], png_name: str) -> str:
         "fits in well under 40 min on this shared 2-core machine, at the cost of few samples "
         "per latency percentile.", "",
         f"`per_op_overhead_ms` (scheduler alone, no-op engine, 16 tenants): "
-        f"**{result['per_op_overhead_ms']:.3f} ms** (goal < 5).", ""]
+        f"**{result['per_op_overhead_ms']:.3f} ms** (goal < "
+        f"{result['goals']['per_op_overhead_ms']:g}).", ""]
     for mode, rows in result["modes"].items():
         lines += [f"## {mode.upper()}", "", *mode_table(rows), "", *noise_floor(rows), "",
                   *time_split(mode, rows), "", "Every run:", "", *runs_table(rows), ""]
@@ -210,16 +203,9 @@ DEFINITIONS = (
 )
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig = figure(result)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def figure(result: dict[str, Any]) -> Any:
-    """The two-panel matplotlib figure (throughput; efficiency and speedup), both against K."""
+def figure(result: dict[str, Any], when: str = "") -> Any:
+    """The two-panel matplotlib figure (throughput; efficiency and speedup), both against K,
+    from a result's payload; ``when`` (date and load) goes into the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,7 +228,8 @@ def figure(result: dict[str, Any]) -> Any:
                      color="C3", marker="s", label=f"{mode}: speedup vs timeslice")
     axes[0].set(xscale="log", xlabel="tenants K", ylabel="trained tokens/s",
                 title="aggregate throughput")
-    axes[1].axhline(0.9, color="grey", lw=0.8, ls=":")
+    if "goals" in result:  # results from before the goals were recorded have none
+        axes[1].axhline(result["goals"]["efficiency"], color="grey", lw=0.8, ls=":")
     axes[1].set(xscale="log", xlabel="tenants K", ylabel="ratio",
                 title="efficiency and speedup vs K")
     ks = sorted({r["k"] for rows in modes.values() for r in rows})
@@ -255,8 +242,7 @@ def figure(result: dict[str, Any]) -> Any:
         ax.ticklabel_format(axis="y", style="plain", useOffset=False)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    load = result["probe_start"]["load_avg_1m"]
-    fig.suptitle(f"loraplex multiplexing, small model, {result['measured_at']} "
-                 f"(load avg {load:.1f} on {result['cores']} cores)", fontsize=10)
+    fig.suptitle(f"loraplex multiplexing, small model, {when} on {result['cores']} cores",
+                 fontsize=10)
     fig.tight_layout()
     return fig

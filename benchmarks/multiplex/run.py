@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import statistics
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.harness.server_process import ServerProcess, free_port
+from benchmarks.harness.server_process import ServerProcess, serve_loraplex
 from benchmarks.multiplex.pool import TenantPool, machine_cpu_s, process_cpu_s
 
 MODEL_NAME = "small"
@@ -87,19 +86,10 @@ class Server:
 def loraplex_server(model_dir: Path, data_dir: Path, num_threads: int | None,
                     *flags: str) -> Iterator[Server]:
     shutil.rmtree(data_dir, ignore_errors=True)  # no sessions or adapters from an earlier run
-    data_dir.mkdir(parents=True)
-    port = free_port()
     threads = [] if num_threads is None else ["--threads", str(num_threads)]
-    cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{MODEL_NAME}={model_dir}",
-           "--open", "--data-dir", str(data_dir), "--port", str(port), *threads, *flags]
-    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    process = ServerProcess.launch(cmd, env, data_dir / "server.log",
-                                   base_url=f"http://127.0.0.1:{port}", base_model=MODEL_NAME)
-    try:
-        process.wait_ready("/api/v1/healthz", 600.0)
+    with serve_loraplex(MODEL_NAME, str(model_dir), data_dir, *threads, *flags,
+                        env={"no_proxy": "127.0.0.1,localhost"}) as process:
         yield Server(process)
-    finally:
-        process.stop()
 
 
 @dataclass(frozen=True)

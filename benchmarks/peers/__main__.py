@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import RESULTS
+from benchmarks.harness.result import Result, Run
+from benchmarks.harness.writer import write
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
 from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
@@ -26,10 +28,10 @@ from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
 UNIFORM_ARGS = ["--train-lengths", ",".join(["256"] * 8), "--skip-sample"]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Result:
     model_dir = ensure_small_model(args.model_dir)
     py = skyrl.install(args.scratch_dir)
-    started = time.time()
+    record = Run("skyrl_peer", probe=False)  # the client records the load around each run
     with skyrl.start(model_dir, args.port, args.scratch_dir) as server:
         env = skyrl.server_env(args.scratch_dir)
         mixed = run_client(py, server.base_url, server.base_model, args.client_args,
@@ -37,20 +39,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         uniform = None if args.skip_uniform else run_client(
             py, server.base_url, server.base_model, [*UNIFORM_ARGS, *args.client_args],
             server.run_dir / "uniform.json", env=env)
-    return {
+    return record.finish({
         "peer": {"name": "skyrl", "version": skyrl.SKYRL_VERSION, "backend": "jax",
                  "backend_config": skyrl.DEFAULT_BACKEND_CONFIG,
                  "install": skyrl.install_record(args.scratch_dir)},
-        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "model_dir": str(model_dir),
         "model": _model_summary(model_dir),
-        "wall_s": round(time.time() - started, 1),
         "served_model_dir": server.base_model,
         "server_log": str(server.log_path),
         "jit_compiles": skyrl.jit_compiles(server.log_path),
         "mixed": mixed,
         "uniform_8x256": uniform,
-    }
+    }, model=str(model_dir))
 
 
 def _model_summary(model_dir: Path) -> dict[str, Any]:
@@ -67,14 +67,15 @@ def _train_row(label: str, train: dict[str, Any]) -> str:
             f"{train['pipelined']['tok_per_s']}) | {train.get('best_tok_per_s')} |")
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     mixed, uniform = result["mixed"], result["uniform_8x256"]
     train = mixed.get("train", {})
     fan, batch = mixed.get("sample_fanout", {}), mixed.get("sample_batch", {})
     lines = [
         f"# SkyRL tx {result['peer']['version']} (JAX, CPU) on the small model",
         "",
-        f"Measured {result.get('measured_at')} with `python -m benchmarks.peers`; official "
+        f"{record.provenance()} `python -m benchmarks.peers`; official "
         f"`tinker` SDK {mixed['sdk_version']} (the version SkyRL accepts). Model: "
         f"`{json.dumps(result['model'])}`. Backend config: "
         f"`{json.dumps(result['peer']['backend_config'])}`. Load average (1/5/15 min) at start "
@@ -128,11 +129,9 @@ def main() -> None:
     p.add_argument("--skip-uniform", action="store_true")
     p.add_argument("client_args", nargs="*", help="passed to client_bench.py (after --)")
     args = p.parse_args()
-    result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    out = Path(args.out)  # a JSON path: its stem names the result
+    result = replace(run(args), name=out.stem)
+    write(result, markdown(result), out.parent)
     print(markdown(result))
 
 

@@ -25,6 +25,7 @@ import signal
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.harness.result import Result
 from benchmarks.harness.server_process import ServerProcess, free_port
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
@@ -73,10 +75,8 @@ def start_loraplex(model_dir: Path, name: str, data_dir: Path, threads: int) -> 
     cmd = [sys.executable, "-m", "loraplex", "serve", "--model", f"{name}={model_dir}", "--open",
            "--data-dir", str(data_dir), "--port", str(port), "--threads", str(threads)]
     env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    server = ServerProcess.launch(pinned(cmd, threads), env, data_dir / "server.log",
-                                  base_url=f"http://127.0.0.1:{port}", base_model=name)
-    server.wait_ready("/api/v1/healthz", 600.0)
-    return server
+    return ServerProcess.start(pinned(cmd, threads), env, data_dir / "server.log",
+                               base_url=f"http://127.0.0.1:{port}", base_model=name)
 
 
 def start_skyrl(model_dir: Path, scratch: Path, threads: int) -> ServerProcess:
@@ -183,21 +183,18 @@ def per_round_ratios(rounds: list[dict[str, Any]]) -> list[dict[str, float | Non
     return [ratios(pooled([r], "loraplex"), pooled([r], "skyrl")) for r in rounds]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.harness.result import git_state
-    from benchmarks.probe import probe_machine
+def run(args: argparse.Namespace) -> Result:
+    from benchmarks.harness.result import Run, git_state
 
-    started = time.time()
     model_dir = model_dir_for(args.model)
     scratch = args.scratch_dir / args.model
     client_args = [*CLIENT_ARGS, *args.client_args]
-    probe_start = probe_machine()
-    print(f"[side_by_side] probe {probe_start}", file=sys.stderr, flush=True)
+    record = Run(f"peers_{args.model}")
+    print(f"[side_by_side] probe {record.start.probe}", file=sys.stderr, flush=True)
     result: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
         "model": args.model, "model_dir": str(model_dir), "threads": args.threads,
         "cores": os.cpu_count(), "client_args": client_args, "goals": GOALS,
-        "git": git_state(), "probe_start": probe_start.as_dict(),
+        "git": git_state(),
         "skyrl": {"version": skyrl.SKYRL_VERSION, "backend": "jax",
                   "backend_config": skyrl.DEFAULT_BACKEND_CONFIG,
                   "install": skyrl.install_record(args.skyrl_dir)},
@@ -220,9 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["tok_per_s"] = summary
     result["ratio_vs_skyrl"] = ratios(summary["loraplex"], summary["skyrl"])
     result["ratio_vs_skyrl_per_round"] = per_round_ratios(result["rounds"])
-    result["probe_end"] = probe_machine().as_dict()
-    result["wall_s"] = round(time.time() - started, 1)
-    return result
+    return record.finish(result, model=SERVED_NAME[args.model])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,16 +238,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    from benchmarks.harness.writer import write
     from benchmarks.peers.side_by_side_report import markdown
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop both servers
     result = run(args)
-    out = args.out or RESULTS / f"peers_{args.model}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    if args.out:  # a JSON path: its stem names the result
+        result = replace(result, name=args.out.stem)
+    write(result, markdown(result), args.out.parent if args.out else RESULTS)
     print(markdown(result))
-    return result
+    return result.payload
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from benchmarks.harness.result import Result
+
 LABELS = {
     "train": "fwd_bwd + optim_step (trained tokens/s, median step)",
     "sample_fanout": "sampling fan-out (generated tokens/s)",
@@ -47,17 +49,18 @@ def _round_rows(result: dict[str, Any]) -> list[str]:
     return rows
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(record: Result) -> str:
+    result = record.payload
     ours, theirs = result["tok_per_s"]["loraplex"], result["tok_per_s"]["skyrl"]
     ratio = result["ratio_vs_skyrl"]
     first = result["rounds"][0]["loraplex"]
     sky = result["skyrl"]
-    p0, p1 = result["probe_start"], result["probe_end"]
     lines = [
         f"# loraplex vs SkyRL tx {sky['version']} on {result['model']}",
         "",
-        f"Measured {result['measured_at']} with `python -m benchmarks.peers.side_by_side "
-        f"--model {result['model']}` (commit {result['git']['commit']}). Model: "
+        f"`python -m benchmarks.peers.side_by_side --model {result['model']}`"
+        f"{' (loraplex/ had uncommitted changes)' if result['git']['loraplex_dirty'] else ''}. "
+        f"{record.provenance()} Model: "
         f"{MODEL_LABELS[result['model']]}. Both servers load the same directory "
         f"(`{result['model_dir']}`; SkyRL through its dtype view, config dtype "
         f"`{sky.get('dtype')}`); both compute in fp32. {result['threads']} threads each: "
@@ -71,10 +74,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{len(result['rounds'])} interleaved rounds (order alternating), each one "
         "`client_bench.py` run per server with untimed warm-up first, one server up at a time "
-        "(SkyRL restarted each round, measured once its engine had loaded the weights). GEMM "
-        "probe "
-        f"{p0['gemm_gflops']:.1f} → {p1['gemm_gflops']:.1f} GFLOP/s, load average (1 min) "
-        f"{p0['load_avg_1m']:.2f} → {p1['load_avg_1m']:.2f}.",
+        "(SkyRL restarted each round, measured once its engine had loaded the weights).",
         "",
         "| workload | loraplex | SkyRL tx | ratio_vs_skyrl | goal |",
         "|---|---|---|---|---|",

@@ -23,7 +23,6 @@ the end and around every throughput run. Writes ``benchmarks/results/scaleout.{j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -266,9 +265,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Imported after parsing, so that --help needs neither torch nor Ray.
     import torch
 
-    from benchmarks.harness.result import git_state
+    from benchmarks.harness.result import Run, git_state
+    from benchmarks.harness.writer import write
     from benchmarks.probe import probe_machine
-    from benchmarks.scaleout.report import write_report
+    from benchmarks.scaleout.report import figure, markdown
 
     settings = settings_from(args)
     phases = tuple(p for p in args.phases.split(",") if p)
@@ -283,22 +283,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def probe() -> dict[str, Any]:
         return probe_machine(m=settings.probe_rows).as_dict()
 
-    started = time.time()
+    run = Run("scaleout")
     result: dict[str, Any] = {
-        "measured_at": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)),
         "command": " ".join(["python -m benchmarks.scaleout", *(argv or sys.argv[1:])]),
         "smoke": args.smoke, "settings": asdict(settings), "phases": list(phases),
-        "cores": os.cpu_count(), "git": git_state(), "probe_start": probe(),
+        "cores": os.cpu_count(), "git": git_state(),
     }
     result.update(run_phases(settings, phases, args.scratch_dir, probe))
-    result["probe_end"] = probe()
-    result["wall_s"] = time.time() - started
     result["goals"] = goals_of(result)
+    record = run.finish(result, model=f"builtin:{settings.model}")
     out = args.out or (args.scratch_dir if args.smoke else RESULTS)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scaleout.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_report(result, out / "scaleout.md", out / "scaleout.png")
-    tqdm.write(f"wrote {out}/scaleout.{{json,md,png}} in {result['wall_s']:.0f} s")
+    write(record, markdown(record, "scaleout.png"), out,
+          figure=figure(result, f"{record.start.at}, load avg {record.start.load_avg[0]:.1f}"))
+    tqdm.write(f"wrote {out}/scaleout.{{json,md,png}} in {record.wall_s:.0f} s")
     return result
 
 

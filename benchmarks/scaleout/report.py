@@ -1,14 +1,16 @@
-"""Markdown and PNG for `benchmarks/scaleout/`'s result dict: each headline key against its
-goal, the throughput runs and where their CPU time went, the dispatch, paging and recovery
-details, and a two-panel plot (throughput per round, workers 1 vs 2; the recovery timeline).
+"""Markdown and PNG for `benchmarks/scaleout/`'s result: each headline key against the goal
+the run recorded, the throughput runs and where their CPU time went, the dispatch, paging and
+recovery details, and a two-panel plot (throughput per round, workers 1 vs 2; the recovery
+timeline).
 
-Reads only the result dict; measures nothing.
+Reads only the result; measures nothing.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
+
+from benchmarks.harness.result import Result
 
 LABELS = {
     "throughput_ratio_2v1": "aggregate trained tok/s, `--workers 2` ÷ `--workers 1`",
@@ -184,20 +186,14 @@ def recovery_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def markdown(result: dict[str, Any], png_name: str) -> str:
-    p0, p1 = result["probe_start"], result["probe_end"]
+def markdown(record: Result, png_name: str) -> str:
+    result = record.payload
     s = result["settings"]
-    git = result["git"]
+    dirty = result["git"]["loraplex_dirty"]
     lines = [
         "# Scale-out: engine workers as Ray actors (`loraplex serve --workers N`)", "",
-        f"Measured {result['measured_at']} with `{result['command']}` in "
-        f"{result['wall_s'] / 60:.1f} min on {result['cores']} cores at commit "
-        f"{git['commit']}{' (loraplex/ had uncommitted changes)' if git['loraplex_dirty'] else ''}"
-        f". **Load average** at start {p0['load_avg_1m']:.2f} (5 min {p0['load_avg_5m']:.2f}), "
-        f"at end {p1['load_avg_1m']:.2f} ({p1['load_avg_5m']:.2f}); GEMM probe (fp32 "
-        f"{s.get('probe_rows', 4096)}×512→512 fwd+bwd, {p0['num_threads']} thread, as each "
-        "worker runs) "
-        f"{p0['gemm_fwd_bwd_gflops']:.1f} → {p1['gemm_fwd_bwd_gflops']:.1f} GFLOP/s.", "",
+        f"`{result['command']}`{' (loraplex/ had uncommitted changes)' if dirty else ''}. "
+        f"{record.provenance()} (The probe runs on one thread, as each worker does.)", "",
         f"Settings: {s['tenants']} tenants ({', '.join(s['modes'])} loops, cycled), model "
         f"`{s['model']}` (recovery: `{s['recovery_model']}`), {s['rounds']} round(s) of "
         f"{s['window_s']:.0f} s windows per worker count.", "",
@@ -236,32 +232,27 @@ DEFINITIONS = (
 )
 
 
-def write_report(result: dict[str, Any], md_path: Path, png_path: Path) -> None:
-    md_path.write_text(markdown(result, png_path.name))
-    plot(result, png_path)
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
+def figure(result: dict[str, Any], when: str = "") -> Any:
+    """The two panels (throughput per round; the recovery timeline) from a result's payload,
+    titled with the run's goals; ``when`` (date and load) goes into the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    goals = {key: _goal(g["goal"]) for key, g in result["goals"].items()}
     if "throughput" in result:
-        _throughput_panel(axes[0], result["throughput"])
+        _throughput_panel(axes[0], result["throughput"], goals.get("throughput_ratio_2v1", "–"))
     if "recovery" in result:
-        _recovery_panel(axes[1], result["recovery"])
-    load = result["probe_start"]["load_avg_1m"]
-    fig.suptitle(f"loraplex scale-out, {result['settings']['model']} model, "
-                 f"{result['measured_at']} (load avg {load:.1f} on {result['cores']} cores)",
-                 fontsize=10)
+        _recovery_panel(axes[1], result["recovery"], goals.get("recovery_s", "–"))
+    fig.suptitle(f"loraplex scale-out, {result['settings']['model']} model, {when} on "
+                 f"{result['cores']} cores", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _throughput_panel(ax: Any, t: dict[str, Any]) -> None:
+def _throughput_panel(ax: Any, t: dict[str, Any], goal: str) -> None:
     rounds = range(1, len(t["runs"]["1"]) + 1)
     width = 0.38
     for offset, w, color in ((-width / 2, "1", "C0"), (width / 2, "2", "C2")):
@@ -272,13 +263,13 @@ def _throughput_panel(ax: Any, t: dict[str, Any]) -> None:
                   ["aggregate_tok_s"])
         ax.annotate(f"{ratio:.2f}×", (r, top), ha="center", va="bottom", fontsize=8)
     ax.set(xlabel="round", ylabel="aggregate trained tokens/s",
-           title=f"throughput (ratio {t['throughput_ratio_2v1']:.2f}, goal ≥ 1.7)")
+           title=f"throughput (ratio {t['throughput_ratio_2v1']:.2f}, goal {goal})")
     ax.set_xticks(list(rounds))
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
 
 
-def _recovery_panel(ax: Any, r: dict[str, Any]) -> None:
+def _recovery_panel(ax: Any, r: dict[str, Any], goal: str) -> None:
     for y, tenant in enumerate(r["tenants"]):
         for t0, t1, kind, ok in tenant["timeline"]:
             ax.plot([t0, t1], [y, y], lw=6 if kind == "train" else 3,
@@ -293,7 +284,7 @@ def _recovery_panel(ax: Any, r: dict[str, Any]) -> None:
     ax.set_yticks(range(len(r["tenants"])),
                   [f"{t['tenant']} ({t['lane']})" for t in r["tenants"]], fontsize=8)
     ax.set(xlabel="seconds from SIGKILL (green: train ok, blue: save_state ok, red: failed)",
-           title=f"recovery ({_f(r['recovery_s'])} s, goal < 30; "
+           title=f"recovery ({_f(r['recovery_s'])} s, goal {goal}; "
                  f"{r['acknowledged_lost']} acknowledged lost)")
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=7, loc="lower right")

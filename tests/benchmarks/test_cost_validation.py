@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from benchmarks.cost_validation.predict import (
@@ -17,7 +15,8 @@ from benchmarks.cost_validation.predict import (
     sample_step,
     train_step,
 )
-from benchmarks.cost_validation.report import write_markdown
+from benchmarks.cost_validation.report import markdown
+from benchmarks.harness.result import Run
 from benchmarks.probe import MachineProbe
 from loraplex.cost.flops import TrainingMethod
 from loraplex.domain.lora import LoraConfig
@@ -67,7 +66,7 @@ def test_sample_step_prefill_plus_the_slower_decode_bound() -> None:
     assert fast_memory["predicted_s"] == pytest.approx((6_912 + 11_040) / 0.5e9)  # compute
 
 
-def test_result_document_ratios_calibration_and_markdown(tmp_path: Path) -> None:
+def test_result_document_ratios_calibration_and_markdown() -> None:
     s = Settings(threads=1, rounds=2, rank=2, rl_prompts=1, group_size=2, prompt_len=4)
     p = probe(1.0, 1.0)
     train = Measured(engine_s=2 * 58_240e-9 + 9_408e-9, fwd_bwd_s=2 * 58_240e-9,
@@ -85,11 +84,10 @@ def test_result_document_ratios_calibration_and_markdown(tmp_path: Path) -> None
     # Calibrated on SFT's efficiency, GRPO train (same steps) is predicted exactly.
     assert result["calibrated"]["rl_train"]["ratio"] == pytest.approx(1.0)
     result["settings"] = {**vars(s), "quick": False}
-    out = tmp_path / "r.md"
-    write_markdown(result, out)
-    text = out.read_text()
+    text = markdown(Run("cost_validation", probe=False).finish(result))
     assert "| SFT train (forward_backward + optim_step) | 2 |" in text
     assert "**1.86**" in text
+    assert "| within 20% |" in text and "goal |ratio − 1| ≤\n   20%" in text  # the run's goal
 
 
 def test_decode_overhead_fit_is_a_least_squares_line_per_iteration() -> None:

@@ -1,11 +1,16 @@
 """The benchmark harness: a `Result` survives the writer and reads back whole; a results file of
-either layout gives its payload; the no-op executor's checkpoints load back."""
+either layout gives its payload, and the reports render from it; the no-op executor's
+checkpoints load back."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
+import pytest
+
+from benchmarks import RESULTS
 from benchmarks.harness.fakes import NoopExecutor
 from benchmarks.harness.result import SCHEMA, Result, Run, read_payload
 from benchmarks.harness.writer import write
@@ -43,3 +48,19 @@ def test_noop_executor_checkpoint_loads_back_its_config(tmp_path: Path) -> None:
     prepared = executor.read_checkpoint(LoadWork("b", saved, with_optimizer=False))
     assert executor.install_adapter("b", prepared).config == config
     assert executor.has_adapter("b")
+
+
+REPORTS = {  # committed result → its report's markdown (results recorded with their goals)
+    "engine_families": "benchmarks.engine_families", "memory": "benchmarks.memory",
+    "model_parallel": "benchmarks.model_parallel", "real_model_rl": "benchmarks.real_model_rl",
+    "cost_validation": "benchmarks.cost_validation.report",
+    "peers_smollm2": "benchmarks.peers.side_by_side_report",
+    "load": "benchmarks.load.report", "scaleout": "benchmarks.scaleout.report"}
+
+
+@pytest.mark.parametrize("name", sorted(REPORTS))
+def test_a_report_renders_from_its_committed_result_of_either_layout(name: str) -> None:
+    result = Run(name, probe=False).finish(read_payload(RESULTS / f"{name}.json"))
+    markdown = importlib.import_module(REPORTS[name]).markdown
+    args = ("x.png",) if name in ("load", "scaleout") else ()
+    assert result.provenance() in markdown(result, *args)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.result import Result
 from benchmarks.harness.writer import compact_json
 from benchmarks.load.phases import retention_deadlines, soak_clients
 from benchmarks.load.settings import SMOKE, Settings
@@ -164,9 +165,11 @@ def test_smoke_run_end_to_end_writes_json_md_png(tmp_path: Path) -> None:
                           timeout=300)
     elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((tmp_path / "load.json").read_text())
-    assert {"settings", "git", "probe_start", "probe_end", "load_avg", "phases", "soak",
-            "rss", "flood", "openai", "goals", "raw", "num_errors", "wall_s"} <= set(result)
+    record = Result.read(tmp_path / "load.json")
+    assert record.start.probe and record.end.probe and record.wall_s > 0
+    result = record.payload
+    assert {"settings", "git", "phases", "soak", "rss", "flood", "openai", "goals", "raw",
+            "num_errors"} <= set(result)
     assert result["smoke"] and "commit" in result["git"]
     assert result["settings"]["clients"] == SMOKE.clients
     assert [p["name"] for p in result["phases"]] == [

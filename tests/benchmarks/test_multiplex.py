@@ -4,9 +4,6 @@ and one tiny run end to end against a real server process with two tenant proces
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +11,8 @@ import pytest
 from tinker import types
 from tqdm import tqdm
 
-from benchmarks.harness.server_process import ServerProcess, free_port
+from benchmarks.harness.result import read_payload
+from benchmarks.harness.server_process import serve_fake
 from benchmarks.multiplex.__main__ import Settings, derive
 from benchmarks.multiplex.pool import TenantPool
 from benchmarks.multiplex.report import figure
@@ -103,15 +101,10 @@ def test_ratios_are_medians_of_per_repeat_ratios() -> None:
 
 @pytest.mark.parametrize("mode", ["sft", "grpo"])
 def test_a_run_end_to_end_with_two_tenant_processes(tmp_path: Path, mode: str) -> None:
-    port = free_port()
-    cmd = [sys.executable, str(REPO / "tests/integration/serve_fake.py"), "--port", str(port),
-           "--data-dir", str(tmp_path / "data"), "--open", "--executor", "toy"]
-    process = ServerProcess.launch(cmd, dict(os.environ, NO_PROXY="127.0.0.1,localhost"),
-                                   tmp_path / "server.log", base_url=f"http://127.0.0.1:{port}",
-                                   base_model=DEFAULT_MODEL_NAME)
+    process = serve_fake(DEFAULT_MODEL_NAME, tmp_path / "data", "--executor", "toy",
+                         timeout_s=120)
     pool = None
     try:
-        process.wait_ready("/api/v1/healthz", 120)
         pool = TenantPool(2, tmp_path / "tenants")
         settings = Settings(seq_len=8, prompt_len=6, max_tokens=3, timed_steps=2,
                             min_window_tokens=0, vocab_limit=64)
@@ -131,7 +124,7 @@ def test_a_run_end_to_end_with_two_tenant_processes(tmp_path: Path, mode: str) -
 def test_plot_labels_k_as_plain_numbers(ks: tuple[int, ...]) -> None:
     import matplotlib.pyplot as plt
 
-    result = json.loads((REPO / "benchmarks" / "results" / "multiplex.json").read_text())
+    result = read_payload(REPO / "benchmarks" / "results" / "multiplex.json")
     for mode, rows in result["modes"].items():
         result["modes"][mode] = [r for r in rows if r["k"] in ks]
     fig = figure(result)

@@ -79,21 +79,21 @@ def _client_result(step_s: list[float], fan_s: float, batch_s: float) -> dict[st
 
 
 def test_markdown_reports_each_ratio_against_its_goal() -> None:
+    from benchmarks.harness.result import Run
     from benchmarks.peers.side_by_side_report import markdown
 
     rounds = [{"order": ["loraplex", "skyrl"], "loraplex": _client_result([4.0, 4.0], 8.0, 2.0),
                "skyrl": _client_result([16.0, 16.0], 16.0, 2.0)}]
     ours, theirs = side_by_side.pooled(rounds, "loraplex"), side_by_side.pooled(rounds, "skyrl")
-    probe = {"gemm_gflops": 50.0, "load_avg_1m": 1.5}
-    text = markdown({
-        "measured_at": "now", "model": "smollm2", "model_dir": "/m", "threads": 2, "cores": 2,
-        "git": {"commit": "abc"}, "affinity": {"loraplex": "0-1", "skyrl": "0-1"},
-        "skyrl": {"version": "0.4.0", "dtype": "float32", "backend_config": {}},
-        "probe_start": probe, "probe_end": probe, "rounds": rounds,
+    text = markdown(Run("peers_smollm2", probe=False).finish({
+        "model": "smollm2", "model_dir": "/m", "threads": 2, "cores": 2,
+        "git": {"commit": "abc", "loraplex_dirty": False},
+        "affinity": {"loraplex": "0-1", "skyrl": "0-1"},
+        "skyrl": {"version": "0.4.0", "dtype": "float32", "backend_config": {}}, "rounds": rounds,
         "tok_per_s": {"loraplex": ours, "skyrl": theirs},
         "ratio_vs_skyrl": side_by_side.ratios(ours, theirs),
         "ratio_vs_skyrl_per_round": side_by_side.per_round_ratios(rounds),
-        "goals": side_by_side.GOALS})
+        "goals": side_by_side.GOALS}))
     assert "| **4.00** | ≥ 3.0 (met) |" in text  # training 512 vs 128 tok/s
     assert "| **2.00** | ≥ 3.0 (not met) |" in text  # fan-out 256 vs 128
     assert "| **1.00** | ≥ 1.2 (not met) |" in text  # batch

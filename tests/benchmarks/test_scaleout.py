@@ -4,7 +4,6 @@ and the smoke configuration end to end (real servers with Ray workers, real SDK 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.result import Result
 from benchmarks.scaleout.__main__ import SMOKE, goals_of
 from benchmarks.scaleout.dispatch import cycle_works
 from benchmarks.scaleout.paging import split_ms
@@ -153,13 +153,15 @@ def test_smoke_run_end_to_end_writes_json_md_png(tmp_path: Path) -> None:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads((tmp_path / "scaleout.json").read_text())
+    record = Result.read(tmp_path / "scaleout.json")
+    result = record.payload
     assert set(HEADLINE) <= set(result) and set(result["goals"]) == set(HEADLINE)
     for key in HEADLINE:
         assert isinstance(result[key], int | float), (key, result[key])
     assert result["smoke"] and result["settings"]["tenants"] == SMOKE.tenants
     assert {"commit", "loraplex_dirty"} <= set(result["git"])
-    assert {"load_avg_1m", "gemm_fwd_bwd_gflops"} <= set(result["probe_start"])
+    assert record.start.probe and {"load_avg_1m", "gemm_fwd_bwd_gflops"} <= set(
+        record.start.probe)
     runs = result["throughput"]["runs"]
     assert [len(runs["1"]), len(runs["2"])] == [SMOKE.rounds] * 2
     for w in ("1", "2"):
