@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
+from loraplex.api.responses.sampling_sessions import FutureCompletion
 from loraplex.errors import LoraplexError
 from loraplex.scheduler.futures import FutureStore
 
@@ -31,7 +32,7 @@ for the clients that are active)."""
 
 @dataclass
 class _Feed:
-    events: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[int, FutureCompletion]] = field(default_factory=list)
     cursor: int = 0
     watched: set[str] = field(default_factory=set)
     wakeups: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = field(default_factory=list)
@@ -55,13 +56,14 @@ class CompletionFeeds:
         self._futures.subscribe(request_id, lambda: self._completed(key, request_id))
 
     def _completed(self, key: FeedKey, request_id: str) -> None:
+        state: Literal["finished", "failed"]
         try:
             state = "failed" if self._futures.get(request_id, key[0]).error else "finished"
         except LoraplexError:  # expired before it was seen: its retrieve_future says so
             state = "failed"
-        event: dict[str, Any] = {"state": state, "request_id": request_id}
-        if state == "finished":
-            event["response_payload_uncompressed_size"] = None
+        event = FutureCompletion(state=state, request_id=request_id)
+        if state == "finished":  # set, so sent (as null)
+            event.response_payload_uncompressed_size = None
         with self._lock:
             feed = self._feed(key)
             feed.watched.discard(request_id)
@@ -73,7 +75,7 @@ class CompletionFeeds:
                 loop.call_soon_threadsafe(woken.set)
 
     async def poll(self, key: FeedKey, prev_cursor: int, timeout_s: float
-                   ) -> tuple[list[dict[str, Any]], int]:
+                   ) -> tuple[list[FutureCompletion], int]:
         """Acknowledge the events up to ``prev_cursor``; the events after it (waiting up to
         ``timeout_s`` for one) and the cursor to send next."""
         woken = asyncio.Event()

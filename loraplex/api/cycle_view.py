@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from loraplex.api.context import ServerContext
 from loraplex.api.lane_views import LaneView, served_schedulers
+from loraplex.api.responses.cycles import CycleColumns
 from loraplex.errors import user_error
 from loraplex.scheduler.metrics import CycleRecord
 
@@ -78,26 +78,28 @@ def visible_tenants(record: CycleRecord, viewer: str | None) -> tuple[str, ...]:
     return tuple(t for t in record.tenants if viewer is None or t == viewer)
 
 
-DURATIONS = ("engine_s", "io_s", "train_s", "optim_s", "idle_s", "max_wait_s")
-COUNTS = ("num_tokens", "num_ops", "num_models", "num_running")
-
-
 def columns(records: list[CycleRecord], viewer: str | None, names: dict[str, int]
-            ) -> dict[str, Any]:
+            ) -> CycleColumns:
     """``records`` as one list per field; tenants as indices into ``names`` (extended here).
 
     Times are integer microseconds (integers encode and parse faster than floats, and a µs is
     finer than any plan): ``start_us`` after ``t0`` (the first record's wall time, Unix
     seconds), and ``engine_us``, ``io_us``, ... for the durations."""
     t0 = records[0].wall_time if records else 0.0
-    out: dict[str, Any] = {
-        "t0": t0, "index": [c.index for c in records], "kind": [c.kind for c in records],
-        "start_us": [round((c.wall_time - t0) * 1e6) for c in records]}
-    for key in DURATIONS:
-        out[key.removesuffix("_s") + "_us"] = [round(getattr(c, key) * 1e6) for c in records]
-    for key in COUNTS:
-        out[key] = [getattr(c, key) for c in records]
-    out["num_tenants"] = [len(c.tenants) for c in records]
-    out["tenants"] = [[names.setdefault(t, len(names)) for t in visible_tenants(c, viewer)]
-                      for c in records]
-    return out
+
+    def us(seconds: list[float]) -> list[int]:
+        return [round(s * 1e6) for s in seconds]
+
+    return CycleColumns(
+        t0=t0, index=[c.index for c in records], kind=[c.kind for c in records],
+        start_us=us([c.wall_time - t0 for c in records]),
+        engine_us=us([c.engine_s for c in records]), io_us=us([c.io_s for c in records]),
+        train_us=us([c.train_s for c in records]), optim_us=us([c.optim_s for c in records]),
+        idle_us=us([c.idle_s for c in records]),
+        max_wait_us=us([c.max_wait_s for c in records]),
+        num_tokens=[c.num_tokens for c in records], num_ops=[c.num_ops for c in records],
+        num_models=[c.num_models for c in records],
+        num_running=[c.num_running for c in records],
+        num_tenants=[len(c.tenants) for c in records],
+        tenants=[[names.setdefault(t, len(names)) for t in visible_tenants(c, viewer)]
+                 for c in records])

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loraplex.api.context import ServerContext
+from loraplex.api.responses.stats import Utilization, WaitPercentiles
 from loraplex.scheduler.metrics import SchedulerMetrics
 from loraplex.scheduler.scheduler import Scheduler
 
@@ -33,16 +34,16 @@ def served_schedulers(ctx: ServerContext) -> list[LaneView]:
     return out
 
 
-def utilization(m: SchedulerMetrics) -> dict[str, float]:
+def utilization(m: SchedulerMetrics) -> Utilization:
     return {f"{w:g}s": m.utilization(w) for w in WINDOWS_S}
 
 
-def percentiles(values: list[float]) -> dict[str, float | int]:
+def percentiles(values: list[float]) -> WaitPercentiles:
     if not values:
-        return {"n": 0}
+        return WaitPercentiles(n=0)
     ordered = sorted(values)
 
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": ordered[-1]}
+    return WaitPercentiles(n=len(ordered), p50=at(0.5), p95=at(0.95), max=ordered[-1])

@@ -68,7 +68,8 @@ RESPONSE_BODIES: dict[str, tuple[type[BaseModel], type[BaseModel]]] = {
                                   openai_responses.ChatCompletionChunk),
 }
 """``METHOD /path`` → the body it answers and, with ``stream``, each server-sent event's chunk.
-Other routes' answers are FastAPI's own (the ``response_model`` of the route, where it has one).
+Other routes' answers are FastAPI's own: the route's return type (a model of `api.responses`, or
+the SDK's own type), where it has one.
 """
 
 ERROR_MODELS: dict[str, type[BaseModel]] = {ERROR_SCHEMA: ErrorBody,

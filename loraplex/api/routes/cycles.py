@@ -12,21 +12,21 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
 
 from loraplex.api.auth import Caller
 from loraplex.api.context import ctx_of
 from loraplex.api.cycle_view import CLASS_OF_KIND, columns, lane_cycles, parse_cursors
+from loraplex.api.responses.cycles import CyclesResponse, LaneCyclesView
 from loraplex.errors import user_error
 
 router = APIRouter(prefix="/api/v1")
 MAX_LIMIT = 100_000
 
 
-@router.get("/loraplex/cycles")
+@router.get("/loraplex/cycles", response_model_exclude_unset=True)
 async def cycles(request: Request, caller: Caller,
                  after: Annotated[list[str] | None, Query()] = None,
-                 limit: int = 10_000) -> JSONResponse:
+                 limit: int = 10_000) -> CyclesResponse:
     if not 0 <= limit <= MAX_LIMIT:
         raise user_error("limit", f"must be in [0, {MAX_LIMIT}], got {limit}")
     viewer = None if caller.is_operator else caller.tenant
@@ -34,12 +34,11 @@ async def cycles(request: Request, caller: Caller,
     lanes = []
     for lane in lane_cycles(ctx_of(request), parse_cursors(after or []), limit):
         kept = lane.records
-        lanes.append({
-            "lane": lane.lane, "worker": lane.view.worker, "models": lane.view.names,
-            "capacity": lane.capacity,
-            "last_index": kept[-1].index if kept else None,
-            "cycles": columns(kept, viewer, names),
-        })
-    body = {"lanes": lanes, "tenants": list(names), "classes": CLASS_OF_KIND,
-            "viewer": caller.tenant, "is_operator": caller.is_operator}
-    return JSONResponse(body)  # plain json.dumps: 10,000 records skip FastAPI's encoder
+        lanes.append(LaneCyclesView(
+            lane=lane.lane, worker=lane.view.worker, models=lane.view.names,
+            capacity=lane.capacity, last_index=kept[-1].index if kept else None,
+            cycles=columns(kept, viewer, names)))
+    # Sent by pydantic's JSON encoder (FastAPI's fast path for a response model): 10,000
+    # records are 16 arrays of plain ints, encoded in Rust without a Python dict between.
+    return CyclesResponse(lanes=lanes, tenants=list(names), classes=CLASS_OF_KIND,
+                          viewer=caller.tenant, is_operator=caller.is_operator)

@@ -3,14 +3,14 @@ tinker-api.md §5.1. The served NAME is echoed as ``model_name`` and ``tokenizer
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
+from tinker import types as sdk
 
 from loraplex.api import convert, schemas
 from loraplex.api.access import check_run_quota
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
+from loraplex.api.responses.training_run_info import GetInfoResponse
 from loraplex.api.submission import new_request_id
 from loraplex.domain import ids
 from loraplex.domain.ops import CreateModelOp, WorkItem
@@ -19,8 +19,8 @@ from loraplex.domain.training_run import TrainingRun
 router = APIRouter(prefix="/api/v1")
 
 
-@router.post("/create_model")
-async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
+@router.post("/create_model", response_model_exclude_unset=True)
+async def create_model(request: Request, tenant: Tenant) -> sdk.UntypedAPIFuture:
     ctx, body = await parse_body(request, schemas.CreateModelRequest)
     ctx.stores.sessions.get_open(body.session_id, tenant)
     served = ctx.catalog.get(body.base_model)
@@ -34,18 +34,17 @@ async def create_model(request: Request, tenant: Tenant) -> dict[str, Any]:
     item = WorkItem(new_request_id(), tenant, "CreateModel", CreateModelOp(run),
                     model_id=model_id, seq_id=0)
     admitted = served.lanes.submit(item)
-    return {"request_id": admitted.request_id, "model_id": model_id}
+    return sdk.UntypedAPIFuture(request_id=admitted.request_id, model_id=model_id)
 
 
-@router.post("/get_info")
-async def get_info(request: Request, tenant: Tenant) -> dict[str, Any]:
+@router.post("/get_info", response_model_exclude_unset=True)
+async def get_info(request: Request, tenant: Tenant) -> GetInfoResponse:
     ctx, body = await parse_body(request, schemas.GetInfoRequest)
     run = ctx.stores.runs.get(body.model_id, tenant).run
     arch = ctx.catalog.get(run.base_model).info.arch
-    return {
-        "type": "get_info", "model_id": run.model_id,
-        "model_data": {"arch": arch, "model_name": run.base_model,
-                       "tokenizer_id": run.base_model},
-        "is_lora": True, "lora_rank": run.lora.rank, "model_name": run.base_model,
-        "optimizer_config": dict(run.optimizer_config),
-    }
+    return GetInfoResponse(
+        type="get_info", model_id=run.model_id,
+        model_data=sdk.ModelData(arch=arch, model_name=run.base_model,
+                                 tokenizer_id=run.base_model),
+        is_lora=True, lora_rank=run.lora.rank, model_name=run.base_model,
+        optimizer_config=dict(run.optimizer_config))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -17,6 +16,15 @@ from loraplex.api.auth import Caller
 from loraplex.api.context import ServerContext, ctx_of
 from loraplex.api.cycle_view import lane_id
 from loraplex.api.lane_views import percentiles, served_schedulers
+from loraplex.api.responses.operator_view import (
+    AdmissionEventView,
+    Admissions,
+    OperatorUsage,
+    OperatorView,
+    TenantUsageView,
+)
+from loraplex.api.responses.stats import WaitPercentiles
+from loraplex.api.responses.usage import PriceSheetView, UsageSummaryView
 from loraplex.cost.billing import Biller
 from loraplex.errors import ForbiddenError
 
@@ -24,8 +32,8 @@ router = APIRouter(prefix="/api/v1")
 MAX_EVENTS = 200
 
 
-@router.get("/loraplex/dashboard/operator")
-async def operator_view(request: Request, caller: Caller) -> dict[str, Any]:
+@router.get("/loraplex/dashboard/operator", response_model_exclude_unset=True)
+async def operator_view(request: Request, caller: Caller) -> OperatorView:
     if not caller.is_operator:
         raise ForbiddenError("the operator view needs an operator key (loraplex keys create "
                              "NAME --operator)")
@@ -33,16 +41,16 @@ async def operator_view(request: Request, caller: Caller) -> dict[str, Any]:
     await asyncio.to_thread(metering.flush, ctx)
     rows = await asyncio.to_thread(ctx.stores.usage.rows)
     biller = Biller(ctx.config.metering)
-    return {
-        "queue_waits_s": tenant_waits(ctx),
-        "admissions": admissions(ctx),
-        "usage": {"price_sheet": biller.sheet_json(),
-                  "tenants": [{"tenant": t.tenant, "totals": t.totals.to_json()}
-                              for t in biller.tenants(rows)]},
-    }
+    return OperatorView(
+        queue_waits_s=tenant_waits(ctx), admissions=admissions(ctx),
+        usage=OperatorUsage(
+            price_sheet=PriceSheetView.model_validate(biller.sheet_json()),
+            tenants=[TenantUsageView(tenant=t.tenant,
+                                     totals=UsageSummaryView.model_validate(t.totals.to_json()))
+                     for t in biller.tenants(rows)]))
 
 
-def tenant_waits(ctx: ServerContext) -> dict[str, dict[str, dict[str, float | int]]]:
+def tenant_waits(ctx: ServerContext) -> dict[str, dict[str, WaitPercentiles]]:
     """Per tenant and class: percentiles of the recent waits over every lane."""
     merged: defaultdict[str, defaultdict[str, list[float]]] = defaultdict(
         lambda: defaultdict(list))
@@ -54,18 +62,18 @@ def tenant_waits(ctx: ServerContext) -> dict[str, dict[str, dict[str, float | in
             for t, by_class in sorted(merged.items())}
 
 
-def admissions(ctx: ServerContext) -> dict[str, Any]:
+def admissions(ctx: ServerContext) -> Admissions:
     """The newest refused submits over every lane (oldest first) and per-tenant totals."""
-    events: list[dict[str, Any]] = []
+    events: list[AdmissionEventView] = []
     totals: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
     for view in served_schedulers(ctx):
         for event in view.scheduler.metrics.admissions.recent():
-            events.append({"time": event.wall_time, "tenant": event.tenant,
-                           "kind": event.kind, "reason": event.reason,
-                           "lane": lane_id(view)})
+            events.append(AdmissionEventView(time=event.wall_time, tenant=event.tenant,
+                                             kind=event.kind, reason=event.reason,
+                                             lane=lane_id(view)))
         for tenant, counters in view.scheduler.metrics.tenants_snapshot().items():
             for kind, n in counters.rejected.items():
                 totals[tenant][kind] += n
-    events.sort(key=lambda e: e["time"])
-    return {"events": events[-MAX_EVENTS:],
-            "rejected": {t: dict(k) for t, k in sorted(totals.items())}}
+    events.sort(key=lambda e: e.time)
+    return Admissions(events=events[-MAX_EVENTS:],
+                      rejected={t: dict(k) for t, k in sorted(totals.items())})

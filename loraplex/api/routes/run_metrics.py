@@ -11,13 +11,13 @@ optim_step is ``open_step``. Logged points are flushed to the store first.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import APIRouter, Request
 
 from loraplex.api import metering
 from loraplex.api.auth import Tenant
 from loraplex.api.context import ctx_of
+from loraplex.api.responses.run_metrics import OpenStep, RunMetrics, StepSeriesView
 from loraplex.errors import user_error
 from loraplex.store.run_metrics import StepSeries
 
@@ -26,9 +26,9 @@ MAX_POINTS = 10_000
 MAX_STEP = 2**62  # SQLite integers are 64-bit
 
 
-@router.get("/loraplex/training_runs/{model_id}/metrics")
+@router.get("/loraplex/training_runs/{model_id}/metrics", response_model_exclude_unset=True)
 async def run_metrics(model_id: str, request: Request, tenant: Tenant, max_points: int = 2000,
-                      after_step: int = 0) -> dict[str, Any]:
+                      after_step: int = 0) -> RunMetrics:
     if not 1 <= max_points <= MAX_POINTS:
         raise user_error("max_points", f"must be in [1, {MAX_POINTS}], got {max_points}")
     if not 0 <= after_step <= MAX_STEP:
@@ -44,17 +44,17 @@ async def run_metrics(model_id: str, request: Request, tenant: Tenant, max_point
                              after_step=after_step))
 
     train, forward = await asyncio.to_thread(read)
-    return {"model_id": model_id, "num_steps": record.num_steps,
-            "num_trained_tokens": record.num_trained_tokens, "after_step": after_step,
-            "train": series_json(train), "forward": series_json(forward)}
+    return RunMetrics(model_id=model_id, num_steps=record.num_steps,
+                      num_trained_tokens=record.num_trained_tokens, after_step=after_step,
+                      train=series_view(train), forward=series_view(forward))
 
 
-def series_json(s: StepSeries) -> dict[str, Any]:
-    out: dict[str, Any] = {"num_steps": s.num_steps, "bucket": s.bucket, "step": s.steps,
-                           "count": s.counts, "time": s.times, "tokens": s.tokens,
-                           "metrics": s.metrics}
+def series_view(s: StepSeries) -> StepSeriesView:
+    out = StepSeriesView(
+        num_steps=s.num_steps, bucket=s.bucket, step=s.steps, count=s.counts, time=s.times,
+        tokens=s.tokens, metrics=s.metrics,
+        open_step=None if s.open_step is None else OpenStep(step=s.open_step[0],
+                                                             metrics=s.open_step[1]))
     if s.bucket > 1:
-        out["min"], out["max"] = s.lows, s.highs
-    out["open_step"] = (None if s.open_step is None
-                        else {"step": s.open_step[0], "metrics": s.open_step[1]})
+        out.min, out.max = s.lows, s.highs
     return out

@@ -12,14 +12,14 @@ Both answer 404 for a sampling session of another tenant.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
+from tinker import types as sdk
 
 from loraplex.api import schemas
 from loraplex.api.auth import Tenant
 from loraplex.api.body import parse_body
 from loraplex.api.completion_feeds import CompletionFeeds
+from loraplex.api.responses.sampling_sessions import FuturesRetrieveResponse
 from loraplex.errors import user_error
 from loraplex.store.samplers import MAX_CLONE_ID
 
@@ -29,8 +29,8 @@ MAX_POLL_S = 30.0
 """Longest hold of one retrieve_futures poll: under the SDK's 45 s HTTP timeout."""
 
 
-@router.post("/retrieve_futures")
-async def retrieve_futures(request: Request, tenant: Tenant) -> dict[str, Any]:
+@router.post("/retrieve_futures", response_model_exclude_unset=True)
+async def retrieve_futures(request: Request, tenant: Tenant) -> FuturesRetrieveResponse:
     ctx, body = await parse_body(request, schemas.FuturesRetrieveRequest)
     target = body.target
     ctx.stores.samplers.get(target.sampling_session_id, tenant, "target.sampling_session_id")
@@ -43,12 +43,13 @@ async def retrieve_futures(request: Request, tenant: Tenant) -> dict[str, Any]:
     completions, cursor = await feeds.poll(
         (tenant, target.sampling_session_id, target.cloned_sampler_id), body.prev_cursor,
         wait_s)
-    return {"completions": completions, "cursor": cursor}
+    return FuturesRetrieveResponse(completions=completions, cursor=cursor)
 
 
-@router.post("/join_sampling_session")
-async def join_sampling_session(request: Request, tenant: Tenant) -> dict[str, Any]:
+@router.post("/join_sampling_session", response_model_exclude_unset=True)
+async def join_sampling_session(request: Request, tenant: Tenant
+                                ) -> sdk.JoinSamplingSessionResponse:
     ctx, body = await parse_body(request, schemas.JoinSamplingSessionRequest)
     ctx.stores.samplers.get(body.sampling_session_id, tenant)
     clone = ctx.stores.samplers.next_clone(body.sampling_session_id)
-    return {"type": "join_sampling_session", "client_counter": clone}
+    return sdk.JoinSamplingSessionResponse(type="join_sampling_session", client_counter=clone)
