@@ -193,6 +193,32 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+BOUNDS = {"scheduler": ("sample_prefill_tokens_per_step", "sample_max_tenant_share"),
+          "engine": ("sample_prefill_tokens_per_step", "sample_shared_decode_kv_tokens",
+                     "sample_shared_prefill_tokens")}
+"""The sampling bounds a run records, as config fields by slice."""
+OLD_DEFAULTS = {"scheduler": {"sample_prefill_tokens_per_step": 8192,
+                              "sample_max_tenant_share": 0.75},
+                "engine": {"sample_prefill_tokens_per_step": 2048,
+                           "sample_shared_decode_kv_tokens": 32768,
+                           "sample_shared_prefill_tokens": 32}}
+"""What results made before runs recorded their bounds ran with (until 2026-12-04)."""
+
+
+def bound_defaults() -> dict[str, dict[str, Any]]:
+    """The bounds' values in this checkout's config defaults (what ``on`` runs with)."""
+    from loraplex.config import EngineConfig, SchedulerConfig
+
+    slices = {"scheduler": SchedulerConfig(), "engine": EngineConfig()}
+    return {name: {f: getattr(slices[name], f) for f in fields}
+            for name, fields in BOUNDS.items()}
+
+
+def _defaults_text(defaults: dict[str, dict[str, Any]]) -> str:
+    return "; ".join(f"{name}: " + ", ".join(f"`{f}` {v}" for f, v in fields.items())
+                     for name, fields in defaults.items())
+
+
 def markdown(record: Result) -> str:
     result = record.payload
     s = result["summary"]
@@ -205,10 +231,8 @@ def markdown(record: Result) -> str:
              f"time); heavy tenant: {result['heavy_clients']} samples of "
              f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
              f"{rounds} interleaved rounds per mode and workload, medians. `on`: the "
-             "defaults (scheduler: `sample_prefill_tokens_per_step` 8192, "
-             "`sample_max_tenant_share` 0.75; engine: `sample_prefill_tokens_per_step` 2048, "
-             "the shared decode steps `sample_shared_decode_kv_tokens` 32768, "
-             "`sample_shared_prefill_tokens` 32); `no_share`: the defaults but "
+             f"defaults ({_defaults_text(result.get('defaults', OLD_DEFAULTS))}); "
+             "`no_share`: the defaults but "
              "`engine.sample_shared_decode_kv_tokens` 0 (every running sequence decodes "
              "every step); `no_hold`: the defaults but `scheduler.sample_anticipation_s` 0 "
              "(training does not wait for a finished sample's client); `engine_only`: the "
@@ -265,7 +289,8 @@ def main() -> None:
                 server.stop()
     result = run.finish({"workloads": workloads, "modes": modes,
                          "heavy_prompt": args.heavy_prompt, "heavy_clients": args.heavy_clients,
-                         "rounds": rounds, "summary": summarize(rounds)}, model="builtin:tiny")
+                         "defaults": bound_defaults(), "rounds": rounds,
+                         "summary": summarize(rounds)}, model="builtin:tiny")
     write(result, markdown(result), args.out)
     print(markdown(result))
 

@@ -100,8 +100,8 @@ class EngineConfig:
     host_memory_budget: int | None = None
     page_dir: str | None = None
     sample_prefill_tokens_per_step: int = 2048
-    sample_shared_decode_kv_tokens: int = 32768
-    sample_shared_prefill_tokens: int = 32
+    sample_shared_decode_kv_tokens: int = 16384
+    sample_shared_prefill_tokens: int = 16
     sample_shared_linger_steps: int = 32
     native_kernels: bool = True
 
