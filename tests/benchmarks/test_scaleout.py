@@ -170,7 +170,12 @@ def test_smoke_run_end_to_end_writes_json_md_png(tmp_path: Path) -> None:
         assert len(run["lanes"]) == int(w) and len(run["worker_cpu_s"]) == int(w)
         assert run["cpu_s"]["engine_workers"] > 0 and run["cpu_s"]["server"] > 0
         assert {"probe_before", "probe_after", "load_avg"} <= set(run)
-    assert set(result["dispatch"]["calls"]) == {"forward_backward", "optim_step", "empty"}
+    dispatch = result["dispatch"]
+    assert set(dispatch["calls"]) == {"cycle", "forward_backward", "optim_step", "empty"}
+    assert dispatch["per_cycle_ms"] == dispatch["calls"]["cycle"]["diff_p50_ms"]
+    assert dispatch["two_calls_ms"] == (dispatch["calls"]["forward_backward"]["diff_p50_ms"]
+                                        + dispatch["calls"]["optim_step"]["diff_p50_ms"])
+    assert dispatch["bare_call_ms"] == dispatch["calls"]["empty"]["diff_p50_ms"]
     paging = result["paging"]
     assert paging["disk"]["adapters_trained"] == 4 * SMOKE.paging_resident
     assert paging["disk"]["max_resident"] <= SMOKE.paging_resident
