@@ -236,7 +236,9 @@ def server_delta(before: Snapshot, after: Snapshot, t_go: float, t_end: float
         "scheduler_overhead_s": section["overhead_s"] - old_section["overhead_s"],
         "train_cycles": {
             "count": len(cycles),
-            "mean_tenants": statistics.fmean(len(c["tenants"]) for c in cycles) if cycles else 0,
+            # a non-operator key sees only its own id in ``tenants``; ``num_tenants`` counts all
+            "mean_tenants": (statistics.fmean(c["num_tenants"] for c in cycles)
+                             if cycles else 0),
             "mean_tokens": statistics.fmean(c["num_tokens"] for c in cycles) if cycles else 0,
             "mean_engine_s": statistics.fmean(c["engine_s"] for c in cycles) if cycles else 0},
         "sample_plans": {
