@@ -48,6 +48,7 @@ from benchmarks import RESULTS
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_loraplex
 from benchmarks.harness.writer import write
+from loraplex.config import EngineConfig, SchedulerConfig
 
 MODEL = "tiny"
 UNBOUNDED = "1000000000"
@@ -197,18 +198,8 @@ BOUNDS = {"scheduler": ("sample_prefill_tokens_per_step", "sample_max_tenant_sha
           "engine": ("sample_prefill_tokens_per_step", "sample_shared_decode_kv_tokens",
                      "sample_shared_prefill_tokens")}
 """The sampling bounds a run records, as config fields by slice."""
-OLD_DEFAULTS = {"scheduler": {"sample_prefill_tokens_per_step": 8192,
-                              "sample_max_tenant_share": 0.75},
-                "engine": {"sample_prefill_tokens_per_step": 2048,
-                           "sample_shared_decode_kv_tokens": 32768,
-                           "sample_shared_prefill_tokens": 32}}
-"""What results made before runs recorded their bounds ran with (until 2026-12-04)."""
-
-
 def bound_defaults() -> dict[str, dict[str, Any]]:
     """The bounds' values in this checkout's config defaults (what ``on`` runs with)."""
-    from loraplex.config import EngineConfig, SchedulerConfig
-
     slices = {"scheduler": SchedulerConfig(), "engine": EngineConfig()}
     return {name: {f: getattr(slices[name], f) for f in fields}
             for name, fields in BOUNDS.items()}
@@ -231,7 +222,7 @@ def markdown(record: Result) -> str:
              f"time); heavy tenant: {result['heavy_clients']} samples of "
              f"{result['heavy_prompt']}-token prompts (32 tokens) kept in flight. "
              f"{rounds} interleaved rounds per mode and workload, medians. `on`: the "
-             f"defaults ({_defaults_text(result.get('defaults', OLD_DEFAULTS))}); "
+             f"defaults ({_defaults_text(result['defaults'])}); "
              "`no_share`: the defaults but "
              "`engine.sample_shared_decode_kv_tokens` 0 (every running sequence decodes "
              "every step); `no_hold`: the defaults but `scheduler.sample_anticipation_s` 0 "

@@ -22,7 +22,6 @@ optional `*100` (percentages) or `*1000` (ms) after the path scales the file's v
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -33,6 +32,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: the repo root, for the results layout
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.harness.result import read_payload  # noqa: E402
+
 MARKER = re.compile(r"<!--r\s+(?P<file>[\w.-]+)\s+(?P<path>[^\s*]+)(?:\s*\*(?P<scale>\d+))?\s*-->")
 #: the last number before a marker: digits with optional thousands commas, a decimal part and
 #: an exponent; then at most a short unit (×, %, s, ms, GiB, " s") before the marker.
@@ -85,15 +89,6 @@ def lookup(data: Any, path: str) -> Any:
     return data
 
 
-def results_data(file: Path) -> Any:
-    """What a path reads in a results file: a harness result's ``payload`` (the benchmark's own
-    keys, `benchmarks.harness.result`), or the whole of an older flat file."""
-    data = json.loads(file.read_text())
-    if isinstance(data, dict) and "schema" in data and "payload" in data:
-        return data["payload"]
-    return data
-
-
 def matches(shown: str, value: float) -> bool:
     """Whether `shown` is `value` rounded to the digits it shows (half a unit of its last digit)."""
     digits = shown.replace(",", "")
@@ -110,7 +105,7 @@ def check(quote: Quote, results_dir: Path) -> Mismatch | None:
     if not file.exists():
         return Mismatch(quote, f"no results file {file.name}")
     try:
-        value = lookup(results_data(file), quote.path)
+        value = lookup(read_payload(file), quote.path)
     except (KeyError, IndexError, ValueError) as exc:
         return Mismatch(quote, f"path not found: {exc}")
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -136,7 +131,7 @@ def check_all(repo: Path = REPO) -> tuple[int, list[Mismatch]]:
 
 def find(results: str, number: float, repo: Path = REPO) -> list[str]:
     """Paths in a results file whose value is within 1% of `number`."""
-    data = results_data(repo / "benchmarks" / "results" / f"{results}.json")
+    data = read_payload(repo / "benchmarks" / "results" / f"{results}.json")
     out: list[str] = []
 
     def walk(node: Any, prefix: str) -> None:
