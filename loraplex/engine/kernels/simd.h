@@ -61,6 +61,11 @@ static inline void v_store_n(float *p, vec_t v, int n) {
     if (n == LANES) _mm512_storeu_ps(p, v);
     else _mm512_mask_storeu_ps(p, v_mask(n), v);
 }
+/* LANES bfloat16 values widened to float: exact (a bfloat16 is a float's upper 16 bits). */
+static inline vec_t v_load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LANES 8
@@ -120,6 +125,11 @@ static inline vec_t v_load_n(const float *p, int n) {
 static inline void v_store_n(float *p, vec_t v, int n) {
     if (n == LANES) _mm256_storeu_ps(p, v);
     else _mm256_maskstore_ps(p, v_mask(n), v);
+}
+/* LANES bfloat16 values widened to float: exact (a bfloat16 is a float's upper 16 bits). */
+static inline vec_t v_load_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 #else
 #define LANES 0
