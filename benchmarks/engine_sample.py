@@ -130,9 +130,9 @@ class Engines:
     peft_model: Any
 
 
-def build(model_dir: Path) -> Engines:
-    invariant = load_model(model_dir, EngineConfig(batch_invariant=True))
-    fast = load_model(model_dir, EngineConfig(batch_invariant=False))
+def build(model_dir: Path, dtype: str = "auto") -> Engines:
+    invariant = load_model(model_dir, EngineConfig(batch_invariant=True, dtype=dtype))
+    fast = load_model(model_dir, EngineConfig(batch_invariant=False, dtype=dtype))
     bank = AdapterBank(invariant.spec, "cpu", max_rank=RANK)
     adapter = nonzero_adapter(bank, RANK, ALPHA)
     return Engines(model_dir, invariant, fast, bank, peft_baseline(model_dir, adapter))
@@ -286,12 +286,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--model", choices=MODELS, default="small",
                         help="the built-in small model, or the real SmolLM2-135M-Instruct")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="engine.dtype of ours (bfloat16: bf16 weights, fp32 compute); "
+                             "a non-default one writes engine_sample[_MODEL]_DTYPE")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     retain_freed_memory()  # as `loraplex serve` does; the baseline shares the process
     model_dir = (smollm2_dir() if args.model == "smollm2" else
                  ensure_builtin_model(args.model_dir.resolve(), "qwen3", "small", seed=0))
-    engines = build(model_dir)
+    engines = build(model_dir, args.dtype)
     loads = workloads(args.model)
     run = Run("engine_sample")
     measured = measure(engines, args.rounds, loads)
@@ -310,6 +313,7 @@ def main() -> None:
     flops = flops_per_generated_token(engines.invariant, loads["fanout"])
     payload = {
         "threads": args.threads,
+        "dtype": args.dtype,
         "rounds": args.rounds,
         "model_label": LABELS[args.model],
         "goals": GOALS,
@@ -340,7 +344,7 @@ def main() -> None:
         **measured,
     }
     result = run.finish(payload, model=LABELS[args.model],
-                        name=result_stem("engine_sample", args.model))
+                        name=result_stem("engine_sample", args.model, args.dtype))
     write(result, markdown(result), args.out)
     print(markdown(result))
 

@@ -207,9 +207,10 @@ def summarize(times: dict[str, list[float]], tokens: dict[str, int]) -> dict[str
     return out
 
 
-def build(model_dir: str) -> tuple[dict[str, Step], dict[str, int], Engine, ModelInfo]:
-    invariant = Engine(model_dir, EngineConfig(batch_invariant=True))
-    fast = Engine(model_dir, EngineConfig(batch_invariant=False))
+def build(model_dir: str, dtype: str = "auto"
+          ) -> tuple[dict[str, Step], dict[str, int], Engine, ModelInfo]:
+    invariant = Engine(model_dir, EngineConfig(batch_invariant=True, dtype=dtype))
+    fast = Engine(model_dir, EngineConfig(batch_invariant=False, dtype=dtype))
     info = invariant.model_info()
     mixed = token_rows(MIXED_LENGTHS, info.vocab_size)
     uniform = token_rows(UNIFORM_LENGTHS, info.vocab_size, seed=1)
@@ -234,8 +235,8 @@ def build(model_dir: str) -> tuple[dict[str, Step], dict[str, int], Engine, Mode
     return steps, tokens, invariant, info
 
 
-def measure(model_dir: str, rounds: int, warmup: int) -> dict[str, Any]:
-    steps, tokens, invariant, info = build(model_dir)
+def measure(model_dir: str, rounds: int, warmup: int, dtype: str = "auto") -> dict[str, Any]:
+    steps, tokens, invariant, info = build(model_dir, dtype)
     times = run_interleaved(steps, rounds, warmup)
     runs = summarize(times, tokens)
     tok_s = {name: r["tok_s"] for name, r in runs.items()}
@@ -353,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=MODELS, default="small",
                         help="the built-in small model, or the real SmolLM2-135M-Instruct")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="engine.dtype of ours (bfloat16: bf16 weights, fp32 compute); "
+                             "a non-default one writes engine_train[_MODEL]_DTYPE")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -363,11 +367,12 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = args.model_dir or str(create_builtin_model(
                 Path(scratch) / "small-qwen3", "qwen3", "small", seed=0))
         run = Run("engine_train")
-        payload = measure(model_dir, args.rounds, args.warmup)
+        payload = measure(model_dir, args.rounds, args.warmup, args.dtype)
     if args.model != "small":
         payload["workload"]["model"] = LABELS[args.model]
+    payload["dtype"] = args.dtype
     result = run.finish(payload, model=payload["workload"]["model"],
-                        name=result_stem("engine_train", args.model))
+                        name=result_stem("engine_train", args.model, args.dtype))
     md = markdown(result)
     write(result, md, Path(args.out))
     print(md)

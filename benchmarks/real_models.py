@@ -29,6 +29,8 @@ def smollm2_dir() -> Path:
     return target
 
 
-def result_stem(benchmark: str, model: str) -> str:
-    """``engine_train`` for the built-in, ``engine_train_smollm2`` for the real model."""
-    return benchmark if model == "small" else f"{benchmark}_{model}"
+def result_stem(benchmark: str, model: str, dtype: str = "auto") -> str:
+    """``engine_train`` for the built-in, ``engine_train_smollm2`` for the real model, and
+    ``engine_train_smollm2_bfloat16`` for a non-default ``engine.dtype``."""
+    stem = benchmark if model == "small" else f"{benchmark}_{model}"
+    return stem if dtype == "auto" else f"{stem}_{dtype}"

@@ -44,9 +44,10 @@ def candidate_blocks(inner: int) -> tuple[int, ...]:
 
 
 def matching_block(kernel: GemmKernel, inner: int) -> int | None:
-    """The first candidate block at which the kernel gives F.linear's bits at ``inner``."""
+    """The first candidate block at which the kernel gives F.linear's bits at ``inner`` (on
+    weights exact in the kernel's weight dtype)."""
     gen = torch.Generator().manual_seed(inner)
-    w = torch.randn(PROBE_COLUMNS, inner, generator=gen)
+    w = torch.randn(PROBE_COLUMNS, inner, generator=gen).to(kernel.weight_dtype).float()
     xs = [torch.randn(rows, inner, generator=gen) for rows in PROBE_ROWS]
     wants = [F.linear(x, w) for x in xs]
     panels = kernel.pack(w)
@@ -57,21 +58,27 @@ def matching_block(kernel: GemmKernel, inner: int) -> int | None:
     return None
 
 
-def gemm_kernel(inner_dims: tuple[int, ...], device: torch.device,
-                dtype: torch.dtype) -> GemmKernel | None:
-    """The kernel with the block size of every inner dimension it matches F.linear at (at the
-    current torch thread count), or None when it cannot be used here (the reason is logged)."""
-    if device.type != "cpu" or dtype != torch.float32:
+#: The weight dtypes the kernel reads, and the flags that build its library for each.
+WEIGHT_DEFINES = {torch.float32: (), torch.bfloat16: ("-DLP_WEIGHT_BF16",)}
+
+
+def gemm_kernel(inner_dims: tuple[int, ...], device: torch.device, dtype: torch.dtype,
+                weight_dtype: torch.dtype = torch.float32) -> GemmKernel | None:
+    """The kernel for float32 inputs and ``weight_dtype`` weights (float32 or bfloat16) with the
+    block size of every inner dimension it matches F.linear at (at the current torch thread
+    count), or None when it cannot be used here (the reason is logged)."""
+    if device.type != "cpu" or dtype != torch.float32 or weight_dtype not in WEIGHT_DEFINES:
         return None
-    found = native_library.vectorized(SOURCE.stem, "lp_lanes", "base GEMMs use F.linear")
+    found = native_library.vectorized(SOURCE.stem, "lp_lanes", "base GEMMs use F.linear",
+                                      WEIGHT_DEFINES[weight_dtype])
     if found is None:
         return None
     handle, lanes = found
-    probe = GemmKernel(handle, lanes, {})
+    probe = GemmKernel(handle, lanes, {}, weight_dtype)
     blocks = {k: b for k in sorted(set(inner_dims)) if (b := matching_block(probe, k))}
     missing = sorted(set(inner_dims) - set(blocks))
     if missing:
         log.warning("packed GEMM kernel does not reproduce F.linear's bits at inner dims %s "
                     "on this machine (%d threads); those GEMMs use F.linear", missing,
                     torch.get_num_threads())
-    return GemmKernel(handle, lanes, blocks) if blocks else None
+    return GemmKernel(handle, lanes, blocks, weight_dtype) if blocks else None

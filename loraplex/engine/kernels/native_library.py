@@ -66,16 +66,18 @@ def cache_dir() -> Path:
 
 
 @cache
-def packaged(name: str) -> NativeLibrary:
-    """The package's ``name.c``, built and loaded once per process (it never changes)."""
-    return load(Path(__file__).with_name(f"{name}.c"))
+def packaged(name: str, defines: tuple[str, ...] = ()) -> NativeLibrary:
+    """The package's ``name.c``, built and loaded once per process (it never changes) and per
+    set of ``defines`` (extra flags such as ``-DLP_WEIGHT_BF16``: another library)."""
+    return load(Path(__file__).with_name(f"{name}.c"), defines)
 
 
-def vectorized(name: str, lanes_symbol: str, what: str) -> tuple[ctypes.CDLL, int] | None:
-    """The package's ``name.c`` (`packaged`) and its vector width (its ``lanes_symbol()``), or
-    None with the reason logged: it could not be built, or the CPU has neither AVX2+FMA nor
-    AVX-512 (width 0). ``what`` ends the log line: what runs instead."""
-    native = packaged(name)
+def vectorized(name: str, lanes_symbol: str, what: str, defines: tuple[str, ...] = ()
+               ) -> tuple[ctypes.CDLL, int] | None:
+    """The package's ``name.c`` (`packaged`, with ``defines``) and its vector width (its
+    ``lanes_symbol()``), or None with the reason logged: it could not be built, or the CPU has
+    neither AVX2+FMA nor AVX-512 (width 0). ``what`` ends the log line: what runs instead."""
+    native = packaged(name, defines)
     if native.handle is None:
         log.warning("%s kernel unavailable (%s); %s", name, native.reason, what)
         return None

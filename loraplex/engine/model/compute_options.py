@@ -35,8 +35,9 @@ class ComputeOptions:
             machine: `row_quantum`).
         kv_block_size: keys per attention block and cache page.
         gemm: the packed sgemm kernel for the base linears and the head, with the inner
-            dimensions at which it gives F.linear's bits on this machine (`gemm_order`);
-            None: F.linear everywhere.
+            dimensions at which it gives F.linear's bits on this machine (`gemm_order`) and
+            the dtype it reads their weights in (bfloat16: `weight_storage`); None: F.linear
+            everywhere.
         attention: the C paged-attention kernel for every attention forward (CPU); None:
             the tiled torch kernel's forward.
         recompute: ``layer``: a training forward keeps each layer's input only and recomputes
@@ -56,7 +57,10 @@ class ComputeOptions:
 
     def label(self, device: torch.device, dtype: torch.dtype) -> str:
         """What decides the bits (`ModelInfo.compute`)."""
-        gemm = f"packed-{self.gemm.lanes}" if self.gemm is not None else "torch"
+        gemm = "torch"
+        if self.gemm is not None:
+            weights = self.gemm.weight_dtype
+            gemm = f"packed-{self.gemm.lanes}" + ("/bf16" if weights == torch.bfloat16 else "")
         attention = f"native-{self.attention.lanes}" if self.attention is not None else "torch"
         mode = f"invariant/{self.row_multiple}" if self.batch_invariant else "fast"
         return (f"{device.type} {str(dtype).removeprefix('torch.')} {mode} gemm={gemm} "

@@ -190,7 +190,7 @@ class Transformer:
         """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held); an
         image's rows take the vision tower's embeddings instead."""
         assert self.weights.embed is not None, "this pipeline stage holds no embedding"
-        x_R_D = self.weights.embed[batch.tokens_R]
+        x_R_D = self.weights.embed[batch.tokens_R].to(self.dtype)  # bfloat16 rows widened
         if batch.images is None:
             return x_R_D
         return x_R_D.index_copy(0, batch.images.rows_I, batch.images.embeds_I_D.to(x_R_D.dtype))
@@ -269,7 +269,8 @@ class Transformer:
     def logits(self, hidden_R_D: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         """Output-head logits ``[rows, vocab]`` (compute dtype), unembed LoRA included."""
         assert self._head is not None, "this pipeline stage holds no head"
-        base_R_V = (torch.cat([F.linear(hidden_R_D, w) for w in self._head_chunks], dim=1)
+        base_R_V = (torch.cat([F.linear(hidden_R_D, w.to(hidden_R_D.dtype))
+                               for w in self._head_chunks], dim=1)
                     if self._chunk_head(hidden_R_D) else self._head(hidden_R_D))
         return base_R_V if lora is None else lora.add_delta(base_R_V, hidden_R_D, "unembed", 0)
 

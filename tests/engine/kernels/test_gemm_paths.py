@@ -4,7 +4,9 @@ of a long K change no bit.
 
 References: F.linear where the kernel matches MKL's order (the loader's check), and the kernel
 itself on the transposed matrix packed (`matmul_unpacked` must equal `matmul` of the packed
-transpose at the same block: the same sums in the same order).
+transpose at the same block: the same sums in the same order). Every test runs on the float32
+build and on the bfloat16-weight build, whose reference is F.linear on the weight rounded to
+bfloat16 and widened back.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ from tests.engine.threads import one_thread  # noqa: F401  (autouse)
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def kernel() -> GemmKernel:
-    found = gemm_kernel((576, 1024, 3072), CPU, torch.float32)
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def kernel(request: pytest.FixtureRequest) -> GemmKernel:
+    found = gemm_kernel((576, 1024, 3072), CPU, torch.float32, request.param)
     if found is None:
         pytest.skip("the packed GEMM kernel is not available on this machine")
     return found
+
+
+def exact(kernel: GemmKernel, w: torch.Tensor) -> torch.Tensor:
+    """``w`` as the kernel reads it: rounded to its weight dtype, in float32."""
+    return w.to(kernel.weight_dtype).float()
 
 
 def most_rows(kernel: GemmKernel) -> int:
@@ -41,7 +48,7 @@ def test_every_row_block_size_gives_each_row_its_bits(kernel: GemmKernel) -> Non
     x = torch.randn(3 * most_rows(kernel) + 1, 576, generator=gen)
     panels = kernel.pack(w)
     full = kernel.matmul(x, panels, 40, kernel.blocks[576])
-    assert torch.equal(full, F.linear(x, w))
+    assert torch.equal(full, F.linear(x, exact(kernel, w)))
     for rows in range(1, x.shape[0] + 1):
         part = kernel.matmul(x[:rows], panels, 40, kernel.blocks[576])
         assert torch.equal(part, full[:rows]), rows
@@ -61,7 +68,7 @@ def test_rows_4kb_apart_are_copied_without_changing_a_bit(kernel: GemmKernel, in
         for threads in (1, 2):
             torch.set_num_threads(threads)
             got = kernel.matmul(x, panels, 48, kernel.blocks[inner])
-            assert torch.equal(got, F.linear(x, w)), (rows, threads)
+            assert torch.equal(got, F.linear(x, exact(kernel, w))), (rows, threads)
     torch.set_num_threads(1)
 
 
@@ -72,7 +79,7 @@ def test_unpacked_matmul_equals_the_packed_transpose(kernel: GemmKernel, inner: 
     is bitwise the packed kernel on ``wᵀ`` at the same block."""
     gen = torch.Generator().manual_seed(inner)
     out_features = 4 * kernel.lanes
-    w_K_O = torch.randn(inner, out_features, generator=gen)
+    w_K_O = torch.randn(inner, out_features, generator=gen).to(kernel.weight_dtype)
     packed = kernel.pack(w_K_O.t().contiguous())
     for rows in (1, most_rows(kernel), most_rows(kernel) + 1, 300):
         x = torch.randn(rows, inner, generator=gen)
@@ -87,10 +94,10 @@ def test_unpacked_matmul_equals_the_packed_transpose(kernel: GemmKernel, inner: 
 def test_a_long_k_in_stretches_keeps_f_linear_bits(kernel: GemmKernel) -> None:
     """A packed weight whose panel pair outgrows half an L2 (K = 16384) runs in stretches of
     whole blocks, the totals carried through y: still F.linear's bits."""
-    found = gemm_kernel((16384,), CPU, torch.float32)
+    found = gemm_kernel((16384,), CPU, torch.float32, kernel.weight_dtype)
     assert found is not None and found.blocks == {16384: 192}
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(2 * found.lanes + 3, 16384, generator=gen)
     x = torch.randn(20, 16384, generator=gen)
     got = found.matmul(x, found.pack(w), w.shape[0], 192)
-    assert torch.equal(got, F.linear(x, w))
+    assert torch.equal(got, F.linear(x, exact(found, w)))

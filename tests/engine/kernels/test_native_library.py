@@ -46,14 +46,17 @@ def test_a_truncated_cached_library_is_rebuilt_not_loaded(tmp_path: Path,
 
 KERNEL_SOURCES = ("packed_gemm.c", "paged_attention.c")
 #: What the sanitizer run repeats: every entry point, both variants, both input kinds.
-SANITIZED_TESTS = ("test_kernel_inputs.py", "test_avx2_variant.py", "test_attention_backward.py")
+SANITIZED_TESTS = ("test_kernel_inputs.py", "test_avx2_variant.py", "test_attention_backward.py",
+                   "test_gemm_paths.py")
 
 
 @needs_cc
-@pytest.mark.parametrize("variant", [(), ("-mno-avx512f",)], ids=["native", "avx2"])
+@pytest.mark.parametrize("variant", [(), ("-mno-avx512f",), ("-DLP_WEIGHT_BF16",),
+                                     ("-mno-avx512f", "-DLP_WEIGHT_BF16")],
+                         ids=["native", "avx2", "native-bf16", "avx2-bf16"])
 def test_the_kernels_build_warning_free(tmp_path: Path, variant: tuple[str, ...]) -> None:
     """``-Wall -Wextra -Werror`` on both kernels, as this machine builds them and as a CPU
-    without AVX-512 does."""
+    without AVX-512 does, with float32 and with bfloat16 weights."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     assert compiler is not None
     for name in KERNEL_SOURCES:

@@ -5,9 +5,10 @@ adapters, base rows, its position in the pack, tiny adapter segments), nor on ho
 computed (training full forward, prefill + decode at decode batch 1 or 7, or a suffix forwarded
 after a prefix whose KV an earlier request wrote). Shapes are the ``small`` model's (hidden 512,
 8 heads / 4 kv heads of 64, MLP 1536) with 2 layers, and vocab 2500: more than one `HEAD_CHUNK`,
-so a small batch's chunked head GEMMs meet a large batch's single one. Every check runs twice:
+so a small batch's chunked head GEMMs meet a large batch's single one. Every check runs with
 base GEMMs on F.linear (MKL) and attention on the tiled torch kernel, and both on the C kernels
-(`engine.kernels`). Fast mode is checked to NOT be invariant, so these tests can fail.
+(`engine.kernels`), there with float32 and with bfloat16 weights (`engine.dtype=bfloat16` on
+CPU). Fast mode is checked to NOT be invariant, so these tests can fail.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from loraplex.engine.model.lora_batch import LoraBatch
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
 from loraplex.engine.model.transformer import Transformer
+from loraplex.engine.model.weight_storage import store_in
 from loraplex.engine.model.weights import random_weights
 from tests.engine.threads import one_thread  # noqa: F401  (autouse; 2 threads: see below)
 
@@ -49,6 +51,8 @@ class Harness:
         weights = random_weights(spec, seed=0, std=0.05)
         if device != "cpu":  # bf16 on CUDA, as the engine loads it there
             weights = weights.to(device, torch.bfloat16)
+        if gemm is not None and gemm.weight_dtype != torch.float32:
+            store_in(weights, gemm.weight_dtype)  # engine.dtype=bfloat16 on CPU
         self.model = Transformer(spec, weights, ComputeOptions(
             batch_invariant=invariant, gemm=gemm, attention=attention))
         self.bank = AdapterBank(spec, device, max_rank=64)
@@ -78,15 +82,16 @@ class Harness:
 
 
 #: ``LORAPLEX_TEST_DEVICE=cuda`` (scripts/gpu_check.sh) runs the suite on CUDA in bf16 too.
-DEVICES = ["torch", "native"] + (["cuda"] if os.environ.get("LORAPLEX_TEST_DEVICE") == "cuda"
-                                 else [])
+DEVICES = ["torch", "native", "native-bf16"] + (
+    ["cuda"] if os.environ.get("LORAPLEX_TEST_DEVICE") == "cuda" else [])
 
 
 @pytest.fixture(scope="module", params=DEVICES)
 def harness(request: pytest.FixtureRequest) -> Harness:
     """Base GEMMs on F.linear (MKL) and attention on the tiled torch kernel; and both on the C
-    kernels as the loader sets them up on this machine (skipped where they cannot be built);
-    and on CUDA when asked for."""
+    kernels as the loader sets them up on this machine (skipped where they cannot be built),
+    with float32 and with bfloat16 weights (``engine.dtype=bfloat16`` on CPU); and on CUDA
+    when asked for."""
     if request.param == "torch":
         return Harness()
     if request.param == "cuda":
@@ -94,7 +99,8 @@ def harness(request: pytest.FixtureRequest) -> Harness:
             pytest.skip("LORAPLEX_TEST_DEVICE=cuda without CUDA")
         return Harness(device="cuda")
     cpu = torch.device("cpu")
-    gemm = gemm_kernel(base_inner_dims(SPEC), cpu, torch.float32)
+    weight_dtype = torch.bfloat16 if request.param == "native-bf16" else torch.float32
+    gemm = gemm_kernel(base_inner_dims(SPEC), cpu, torch.float32, weight_dtype)
     attention = attention_kernel(cpu, torch.float32)
     if gemm is None or attention is None:
         pytest.skip("the C kernels are not available on this machine")

@@ -106,16 +106,6 @@ def test_bf16_checkpoint_loads_into_fp32_compute(hf_model_factory, tmp_path: Pat
     assert (ours - hf_logits(reference, seqs[0])).abs().max().item() <= TOL
 
 
-def test_bf16_compute_is_close_to_fp32(hf_model_factory) -> None:
-    path, hf_model = hf_model_factory("qwen3", True)
-    model = load_model(path, EngineConfig(dtype="bfloat16"))
-    assert model.weights.embed.dtype == torch.bfloat16
-    seqs = random_sequences(model.spec.vocab_size, [20, 9])
-    for seq, ours in zip(seqs, packed_logits(model, seqs), strict=True):
-        ref = hf_logits(hf_model, seq)
-        assert (ours.float() - ref).abs().max().item() <= 0.1 * ref.abs().max().item()
-
-
 def test_model_info_counts_match_transformers(hf_model_factory) -> None:
     for tie in (True, False):
         path, hf_model = hf_model_factory("llama", tie)

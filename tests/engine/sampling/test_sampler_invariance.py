@@ -4,14 +4,26 @@ A sampled token's logprob (temperature 1) must be identical (a) whatever else sh
 batch (alone vs 64 sequences of other adapters and base rows), (b) to the training path's full
 forward over the same sequence packed with other sequences, (c) across prefix-cache hit and
 miss, and under preemption and recompute. Fast mode is checked to stay close (not equal).
+Every check runs with float32 weights and with bfloat16 ones (``engine.dtype=bfloat16``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from loraplex.engine.model.packed_batch import SequenceInput
-from tests.engine.sampling.rig import NO_STOP, Rig, ok, random_tokens, run, work
+from tests.engine.sampling.rig import NO_STOP, Rig, make_rig, ok, random_tokens, run, work
+
+
+@pytest.fixture(params=["float32", "bfloat16"])
+def rig(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Rig:
+    rig = make_rig(tiny_model_dir, dtype=request.param)
+    label = rig.model.options.label(rig.model.device, rig.model.dtype)
+    assert ("/bf16" in label) == (request.param == "bfloat16"), label
+    return rig
 
 
 def crowd(n: int, seed: int) -> list:
