@@ -47,6 +47,7 @@ from loraplex.domain.ops import CreateModelOp, WorkItem
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.training_run import TrainingRun
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.scheduler.assembly import build_scheduler
 from loraplex.scheduler.clock import ClockLoop
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
@@ -78,7 +79,7 @@ def scheduler() -> Iterator[Scheduler]:
         try:
             futures = FutureStore(ttl_s=3600, journal=stores.futures)
             effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
-            yield Scheduler(NoopExecutor(), SchedulerConfig(), futures, effects)
+            yield build_scheduler(NoopExecutor(), SchedulerConfig(), futures, effects)
         finally:
             stores.close()
 

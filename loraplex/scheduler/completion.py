@@ -3,7 +3,7 @@
 For a completed plan (clock thread) and for the file work of saves and checkpoint reads (IO
 threads): advance the model queues and the sampling queue, apply each op's store effects,
 resolve or fail its future, and meter it. Queue and residency state is the `SchedulerState`
-the scheduler hands in, only touched under its lock; effects, futures and metering are
+`assembly` hands in, only touched under its lock; effects, futures and metering are
 thread-safe and run outside it. A save's or load's model queue is freed only after its effects
 are applied, so the next op of that model never starts before the checkpoint it wrote is
 listed.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar, assert_never
 
@@ -88,7 +88,15 @@ class Completion:
 
     # ---- clock thread ---------------------------------------------------------------------
 
-    def finish_plan(self, plan: Plan, outcome: PlanOutcome) -> list[Finished]:
+    def complete(self, plan: Plan, outcome: PlanOutcome) -> tuple[list[WorkItem], list[OpUsage]]:
+        """Advance the queues past ``plan``'s finished items and deliver each (effects, future,
+        metering); returns those items and their usage."""
+        finished = self._finish_plan(plan, outcome)
+        usage = [self.deliver(f) for f in finished]
+        self._usage.add(usage)
+        return [f.item for f in finished], usage
+
+    def _finish_plan(self, plan: Plan, outcome: PlanOutcome) -> list[Finished]:
         """Advance the queues past ``plan``'s finished items; returns them."""
         with self._state.lock:
             match plan:
@@ -213,10 +221,16 @@ class Completion:
             self._state.done_reading(adapter_id)
             for item in items:
                 self._state.op_done(item.tenant)
-        self._usage.add([self.deliver(Finished(it, error, 0.0, sample_op(it).base_model))
-                         for it in items])
+        self.fail_unstarted((it, error, sample_op(it).base_model) for it in items)
 
     # ---- any thread -----------------------------------------------------------------------
+
+    def fail_unstarted(self, failures: Iterable[tuple[WorkItem, LoraplexError, str | None]]
+                       ) -> None:
+        """Fail ops that never ran (already taken off their queues), each with its own error
+        and base model, and meter them."""
+        self._usage.add([self.deliver(Finished(item, error, 0.0, base_model))
+                         for item, error, base_model in failures])
 
     def deliver(self, done: Finished) -> OpUsage:
         """Apply the effects of a finished op and resolve (or fail) its future."""
