@@ -11,7 +11,6 @@ warm start, wall times, the step-time ratio, the load average and the GEMM probe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,7 +24,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 import torch
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
 from loraplex.domain.optim import AdamParams, DimuonParams
@@ -130,8 +130,7 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    args = cli.parser(__doc__).parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     run = Run("dimuon_sft")
     step = step_times()
@@ -142,7 +141,7 @@ def main() -> None:
         print(f"  final loss {demo[name]['sft_loss'][-1]:.4f}, pass rate "
               f"{demo[name]['sft_pass_rate']:.3f}", flush=True)
     result = run.finish({"step": step, "demo": demo}, model="tiny (loraplex demo's default)")
-    write(result, markdown(result), RESULTS, figure=figure(result.payload))
+    write(result, markdown(result), args.out, figure=figure(result.payload))
     print(markdown(result))
 
 

@@ -20,7 +20,6 @@ forward_backward chunks of one 8-token datum, then an optim_step):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.fakes import NoopExecutor
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
@@ -242,12 +241,10 @@ def measure(tenants: int, steps: int, chunks: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--chunks", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     run = Run("scheduler_overhead", probe=False)
     payload = measure(args.tenants, args.steps, args.chunks)
