@@ -26,7 +26,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from benchmarks import SCRATCH
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average
 
 NAME = "demo_seeds"
@@ -69,9 +69,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in result["runs"]:

@@ -27,7 +27,7 @@ import torch
 from benchmarks import SCRATCH
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from loraplex.domain.optim import AdamParams, DimuonParams
 from loraplex.engine.optim.adamw import adamw_step
 from loraplex.engine.optim.dimuon import dimuon_step
@@ -91,10 +91,7 @@ def step_times(rounds: int = 7) -> dict[str, Any]:
 
 
 def figure(results: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in OPTIMIZERS:

@@ -41,7 +41,7 @@ from benchmarks import REPO, RESULTS
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run, git_state
 from benchmarks.harness.server_process import ServerProcess, free_port
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average
 
 SCRATCH = REPO / ".scratch" / "memory"
@@ -323,10 +323,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     gib = 2 ** 30
     pts = result["points"]

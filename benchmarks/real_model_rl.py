@@ -32,7 +32,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from benchmarks import REPO, RESULTS, SCRATCH
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average, probe_machine
 
 TASKS = ("clamp", "arithmetic")
@@ -180,10 +180,7 @@ def markdown(result: Result) -> str:
 
 
 def figure(records: dict[str, dict[str, Any]]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(records), figsize=(5.5 * len(records), 4), squeeze=False)
     for ax, (task, r) in zip(axes[0], records.items(), strict=True):

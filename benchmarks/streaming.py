@@ -34,7 +34,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_loraplex
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 
 SERVED = "bench-model"
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -152,10 +152,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = result["summary"]
     labels = ["streamed\nalone", "unstreamed\nalone", "streamed beside\nbatch"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.harness.result import Result
+from benchmarks.harness.writer import pyplot
 
 PHASE_COLORS = {"soak": "C0", "stopping": "C7", "expiry": "C2", "baseline_a": "C8",
                 "flood": "C3", "drain": "C1", "baseline_b": "C8", "openai": "C4",
@@ -184,10 +185,7 @@ def markdown(record: Result, png_name: str) -> str:
 def figure(result: dict[str, Any]) -> Any:
     """RSS over time (phases shaded, post-warm-up ±tolerance marked) above every op's latency
     over time (log scale, one colour per kind)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     raw, rss = result["raw"], result["rss"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
