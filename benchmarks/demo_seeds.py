@@ -12,7 +12,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -24,9 +23,10 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average
 
 NAME = "demo_seeds"
@@ -69,9 +69,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in result["runs"]:
@@ -85,9 +83,8 @@ def figure(result: dict[str, Any]) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     record = Run(NAME)
     runs = []

@@ -11,7 +11,6 @@ warm start, wall times, the step-time ratio, the load average and the GEMM probe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,9 +24,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 import torch
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from loraplex.domain.optim import AdamParams, DimuonParams
 from loraplex.engine.optim.adamw import adamw_step
 from loraplex.engine.optim.dimuon import dimuon_step
@@ -91,10 +91,7 @@ def step_times(rounds: int = 7) -> dict[str, Any]:
 
 
 def figure(results: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in OPTIMIZERS:
@@ -130,8 +127,7 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    args = cli.parser(__doc__).parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     run = Run("dimuon_sft")
     step = step_times()
@@ -142,7 +138,7 @@ def main() -> None:
         print(f"  final loss {demo[name]['sft_loss'][-1]:.4f}, pass rate "
               f"{demo[name]['sft_pass_rate']:.3f}", flush=True)
     result = run.finish({"step": step, "demo": demo}, model="tiny (loraplex demo's default)")
-    write(result, markdown(result), RESULTS, figure=figure(result.payload))
+    write(result, markdown(result), args.out, figure=figure(result.payload))
     print(markdown(result))
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +39,22 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from tqdm import tqdm
 
-from benchmarks import RESULTS, SCRATCH
-from benchmarks.adapters import nonzero_adapter
-from benchmarks.engine_moe import GOALS, paired
-from benchmarks.engine_sample import FANOUT, Engines, Timing, Workload, prompts, run_hf, run_ours
-from benchmarks.engine_sample import summary as sample_summary
-from benchmarks.engine_train import ADAM, LORA, MIXED_LENGTHS, RANK, engine_step, token_rows
+from benchmarks import SCRATCH
+from benchmarks.engine_moe import GOALS
+from benchmarks.engine_sample import FANOUT
+from benchmarks.engine_train import LORA, MIXED_LENGTHS, RANK, engine_step, token_rows
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
+from benchmarks.peft_baseline import (
+    adapter_bytes,
+    paired,
+    peft_model,
+    sample_rounds,
+    train_rounds,
+    train_step,
+)
 from loraplex.config import EngineConfig
 from loraplex.engine.builtin.model import ensure_builtin_model
 from loraplex.engine.executor import Engine
@@ -64,55 +69,7 @@ PEFT: dict[str, tuple[list[str], list[str]]] = {
     "gpt_oss": (["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"],
                 ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
 }
-
-
-def hf_model(model_dir: str) -> Any:
-    """transformers' own class for the checkpoint (a multimodal Qwen3.5 one: its
-    ``…ForConditionalGeneration``, run on text), fp32, its experts by their eager loop."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    config = AutoConfig.from_pretrained(model_dir)
-    auto = (AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None
-            else AutoModelForCausalLM)
-    return auto.from_pretrained(model_dir, dtype=torch.float32)
-
-
-def peft_model(model_dir: str, family: str, train: bool, seed: int = 1) -> Any:
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    modules, parameters = PEFT[family]
-    model = get_peft_model(hf_model(model_dir), PeftLoraConfig(
-        r=RANK, lora_alpha=LORA.alpha, lora_dropout=0.0, target_modules=modules,
-        target_parameters=parameters or None, exclude_modules=r".*visual.*"))
-    if not train:  # B ≠ 0 so the adapter changes every logit, as ours does
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    return model.train() if train else model.eval()
-
-
-def baseline_train_step(model_dir: str, family: str, sequences: list[list[int]]) -> Any:
-    model = peft_model(model_dir, family, train=True)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=ADAM.learning_rate,
-                                  betas=(ADAM.beta1, ADAM.beta2), eps=ADAM.eps, weight_decay=0.0)
-    width = max(len(s) for s in sequences)
-    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, s in enumerate(sequences):
-        input_ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    labels = input_ids.masked_fill(mask == 0, -100)
-
-    def step() -> None:
-        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+EXCLUDE = r".*visual.*"  # a multimodal checkpoint's vision tower: text only
 
 
 def measure_train(model_dir: str, family: str, rounds: int) -> dict[str, Any]:
@@ -123,48 +80,23 @@ def measure_train(model_dir: str, family: str, rounds: int) -> dict[str, Any]:
     for i in range(8):
         engine.create_adapter(f"p{i}", LORA)
     steps = {"ours": engine_step(engine, [("a", mixed)]),
-             "baseline": baseline_train_step(model_dir, family, mixed),
+             "baseline": train_step(peft_model(model_dir, *PEFT[family], train=True,
+                                               exclude=EXCLUDE), mixed)[0],
              "packed": engine_step(engine, [(f"p{i}", [s]) for i, s in enumerate(mixed)])}
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for r in tqdm(range(rounds + 1), desc=f"{family} train"):  # round 0: warm-up, untimed
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            if r:
-                times[name].append(time.perf_counter() - t0)
-    adapter = engine.bank.get("a")
-    state = engine.trainer.optimizer_state("a")
-    measured = adapter.nbytes() + (state.nbytes if state is not None else 0)
+    times, _ = train_rounds(steps, rounds, f"{family} train")
+    measured, theory = adapter_bytes(engine, "a")
     return {"seconds": times, "tokens": sum(MIXED_LENGTHS),
-            "bytes_per_adapter": measured, "bytes_theory": 12 * info.card.lora_params(RANK),
-            "adapter_params": adapter.num_params, "total_params": info.card.total_params}
-
-
-def measure_sample(model_dir: Path, family: str, rounds: int) -> dict[str, Any]:
-    from loraplex.engine.lora.bank import AdapterBank
-    from loraplex.engine.model.loader import load_model
-
-    model = load_model(model_dir, EngineConfig(batch_invariant=True))
-    bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
-    nonzero_adapter(bank, RANK, LORA.alpha)
-    engines = Engines(model_dir, model, model, bank, peft_model(str(model_dir), family, False))
-    vocab = model.spec.vocab_size
-    warm = Workload("warm", 8, 128, 8, 4)
-    run_ours(engines, model, warm, prompts(warm, 0, vocab))
-    run_hf(engines, warm, prompts(warm, 0, vocab))
-    runs: dict[str, list[Timing]] = {"ours": [], "hf_generate": []}
-    for r in tqdm(range(rounds), desc=f"{family} sample"):
-        batch = prompts(FANOUT, 1000 + r, vocab)
-        runs["ours"].append(run_ours(engines, model, FANOUT, batch)[0])
-        runs["hf_generate"].append(run_hf(engines, FANOUT, batch))
-    return {name: sample_summary(FANOUT, timings) for name, timings in runs.items()}
+            "bytes_per_adapter": measured, "bytes_theory": theory,
+            "adapter_params": engine.bank.get("a").num_params,
+            "total_params": info.card.total_params}
 
 
 def measure_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
     model_dir = ensure_builtin_model(SCRATCH / "bench" / "engine_families" / family, family,
                                      "small", seed=0)
     train = measure_train(str(model_dir), family, args.train_rounds)
-    sample = measure_sample(model_dir, family, args.rounds)
+    peft = peft_model(str(model_dir), *PEFT[family], train=False, exclude=EXCLUDE)
+    sample = sample_rounds(model_dir, peft, args.rounds, f"{family} sample")
     s = train["seconds"]
     return {"train_ratio": paired(s["baseline"], s["ours"]),
             "sample_ratio": paired(sample["hf_generate"]["seconds"], sample["ours"]["seconds"]),
@@ -175,12 +107,11 @@ def measure_family(family: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--families", default=",".join(PEFT))
     parser.add_argument("--rounds", type=int, default=2, help="sampling rounds")
     parser.add_argument("--train-rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     run = Run("engine_families")

@@ -29,11 +29,9 @@ parameter count, goal ≤ 1.1).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -42,86 +40,39 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from tqdm import tqdm
 
-from benchmarks import RESULTS, SCRATCH
-from benchmarks.adapters import nonzero_adapter
-from benchmarks.engine_sample import (
-    FANOUT,
-    Engines,
-    Timing,
-    Workload,
-    prompts,
-    run_hf,
-    run_ours,
-    summary,
-)
+from benchmarks import SCRATCH
+from benchmarks.engine_sample import FANOUT
 from benchmarks.engine_train import (
-    ADAM,
     GEMM_FLOPS,
     LORA,
     MIXED_LENGTHS,
     RANK,
-    Step,
     engine_step,
     flops_per_token,
     gemm_step,
     token_rows,
 )
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
+from benchmarks.peft_baseline import (
+    adapter_bytes,
+    paired,
+    peft_model,
+    sample_rounds,
+    train_rounds,
+    train_step,
+)
 from loraplex.config import EngineConfig
 from loraplex.engine.builtin.model import ensure_builtin_model
 from loraplex.engine.executor import Engine
 
 PEFT_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "lm_head"]
 PEFT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-TRAIN_RUNS = ("gemm", "ours", "baseline", "packed")
 #: ≥ these, but ``bytes_vs_theory`` ≤ (engine_families judges its families by them too).
 GOALS = {"train_ratio": 1.5, "sample_ratio": 2.0, "packed_efficiency": 0.9,
          "bytes_vs_theory": 1.1}
-
-
-def peft_moe(model_dir: str, train: bool, seed: int = 1) -> Any:
-    """transformers' Qwen3-MoE + PEFT LoRA on attention, head and the fused 3-D experts; for
-    sampling, every B random (≠ 0) so the adapter changes every logit as ours does."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, PeftLoraConfig(
-        r=RANK, lora_alpha=LORA.alpha, lora_dropout=0.0, target_modules=PEFT_MODULES,
-        target_parameters=PEFT_PARAMETERS))
-    if not train:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-    return model.train() if train else model.eval()
-
-
-def baseline_train_step(model_dir: str, sequences: list[list[int]]) -> tuple[Step, int]:
-    """`engine_train.baseline_step` on the PEFT MoE model; also its trainable count."""
-    model = peft_moe(model_dir, train=True)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=ADAM.learning_rate,
-                                  betas=(ADAM.beta1, ADAM.beta2), eps=ADAM.eps, weight_decay=0.0)
-    width = max(len(s) for s in sequences)
-    input_ids = torch.zeros(len(sequences), width, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for i, s in enumerate(sequences):
-        input_ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    labels = input_ids.masked_fill(mask == 0, -100)
-
-    def step() -> None:
-        model(input_ids=input_ids, attention_mask=mask, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step, sum(p.numel() for p in trainable)
 
 
 def measure_train(model_dir: str, rounds: int) -> dict[str, Any]:
@@ -131,74 +82,40 @@ def measure_train(model_dir: str, rounds: int) -> dict[str, Any]:
     engine.create_adapter("a", LORA)
     for i in range(8):
         engine.create_adapter(f"p{i}", LORA)
-    baseline, baseline_params = baseline_train_step(model_dir, mixed)
+    baseline, baseline_params = train_step(
+        peft_model(model_dir, PEFT_MODULES, PEFT_PARAMETERS, train=True), mixed)
     steps = {"gemm": gemm_step(), "ours": engine_step(engine, [("a", mixed)]),
              "baseline": baseline,
              "packed": engine_step(engine, [(f"p{i}", [s]) for i, s in enumerate(mixed)])}
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    cpu: dict[str, list[float]] = {name: [] for name in steps}
-    for r in tqdm(range(rounds + 1), desc="train rounds"):  # round 0: warm-up, untimed
-        for name, step in steps.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            step()
-            if r:
-                times[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
+    times, cpu = train_rounds(steps, rounds, "train rounds")
     tokens = sum(MIXED_LENGTHS)
     tok_s = {n: tokens / statistics.median(ts) for n, ts in times.items() if n != "gemm"}
     gemm_flops_s = GEMM_FLOPS / statistics.median(times["gemm"])
     per_token = flops_per_token(info, MIXED_LENGTHS)
-    adapter = engine.bank.get("a")
-    state = engine.trainer.optimizer_state("a")
-    measured = adapter.nbytes() + (state.nbytes if state is not None else 0)
-    theory = 12 * info.card.lora_params(RANK)  # fp32 params + two AdamW moments
+    measured, theory = adapter_bytes(engine, "a")
     return {"tok_s": tok_s, "seconds": times, "cpu_seconds": cpu,
             "gemm_gflops": gemm_flops_s / 1e9,
             "flops_per_token": per_token, "roofline_tok_s": gemm_flops_s / per_token,
             "bytes_per_adapter": measured, "bytes_theory": theory,
-            "adapter_params": adapter.num_params, "peft_trainable_params": baseline_params,
+            "adapter_params": engine.bank.get("a").num_params,
+            "peft_trainable_params": baseline_params,
             "active_params": info.card.active_params, "total_params": info.card.total_params}
 
 
-def measure_sample(model_dir: Path, rounds: int) -> dict[str, Any]:
-    from loraplex.engine.lora.bank import AdapterBank
-    from loraplex.engine.model.loader import load_model
-
-    model = load_model(model_dir, EngineConfig(batch_invariant=True))
-    bank = AdapterBank(model.spec, "cpu", max_rank=RANK)
-    nonzero_adapter(bank, RANK, LORA.alpha)
-    engines = Engines(model_dir, model, model, bank, peft_moe(str(model_dir), train=False))
-    vocab = model.spec.vocab_size
-    warm = Workload("warm", 8, 128, 8, 4)
-    run_ours(engines, model, warm, prompts(warm, 0, vocab))
-    run_hf(engines, warm, prompts(warm, 0, vocab))
-    runs: dict[str, list[Timing]] = {"ours": [], "hf_generate": []}
-    for r in tqdm(range(rounds), desc="sample rounds"):
-        batch = prompts(FANOUT, 1000 + r, vocab)
-        runs["ours"].append(run_ours(engines, model, FANOUT, batch)[0])
-        runs["hf_generate"].append(run_hf(engines, FANOUT, batch))
-    return {name: summary(FANOUT, timings) for name, timings in runs.items()}
-
-
-def paired(slower_s: list[float], faster_s: list[float]) -> float:
-    """Median over rounds of ``slower / faster`` seconds (the same work on both sides)."""
-    return statistics.median(a / b for a, b in zip(slower_s, faster_s, strict=True))
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="sampling rounds")
     parser.add_argument("--train-rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--model-dir", type=Path,
                         default=SCRATCH / "bench" / "engine_moe" / "small-moe")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = ensure_builtin_model(args.model_dir.resolve(), "qwen3_moe", "small", seed=0)
     run = Run("engine_moe")
     train = measure_train(str(model_dir), args.train_rounds)
-    sample = measure_sample(model_dir, args.rounds)
+    sample = sample_rounds(model_dir, peft_model(str(model_dir), PEFT_MODULES, PEFT_PARAMETERS,
+                                                 train=False), args.rounds, "sample rounds")
     t = train["tok_s"]
     payload = {
         "threads": args.threads, "rounds": args.rounds, "train_rounds": args.train_rounds,

@@ -14,7 +14,6 @@ load; transformers: its GGUF loader) and the load average. Writes
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,8 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 import torch
 from tqdm import tqdm
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
 from loraplex.config import EngineConfig
@@ -127,10 +127,9 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--gguf", type=Path, help="a GGUF file (default: builtin:smollm2-135m's)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     data_dir = SCRATCH / "bench" / "gguf_parity"

@@ -16,7 +16,6 @@ Records the load average and the GEMM probe; reports medians and ratios. Writes
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import statistics
@@ -29,7 +28,8 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
 
@@ -162,10 +162,9 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--images", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory():
         result = run(args.rounds, args.images)

@@ -38,9 +38,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import REPO, RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run, git_state
 from benchmarks.harness.server_process import ServerProcess, free_port
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average
 
 SCRATCH = REPO / ".scratch" / "memory"
@@ -322,10 +323,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     gib = 2 ** 30
     pts = result["points"]
@@ -350,7 +348,7 @@ def figure(result: dict[str, Any]) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--tokens", default="1024,2048,4096,8192")
     parser.add_argument("--baseline", default="487e456")
     parser.add_argument("--rounds", type=int, default=2)

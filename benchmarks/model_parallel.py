@@ -23,7 +23,6 @@ threads. Measured, in one run:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -41,6 +40,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 import torch
 
 from benchmarks import REPO, RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
 
@@ -210,7 +210,7 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (two GPUs: NCCL)")
     args = parser.parse_args()

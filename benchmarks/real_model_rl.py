@@ -16,7 +16,6 @@ record carries its own load and probe). Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -31,8 +30,9 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 from benchmarks.probe import load_average, probe_machine
 
 TASKS = ("clamp", "arithmetic")
@@ -180,10 +180,7 @@ def markdown(result: Result) -> str:
 
 
 def figure(records: dict[str, dict[str, Any]]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(records), figsize=(5.5 * len(records), 4), squeeze=False)
     for ax, (task, r) in zip(axes[0], records.items(), strict=True):
@@ -218,8 +215,7 @@ def assemble(run: Run, results_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__, out=False)
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, default=RESULTS, help="output folder")

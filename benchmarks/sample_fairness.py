@@ -28,7 +28,6 @@ and ``sample_fairness.md``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import statistics
@@ -44,7 +43,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from benchmarks import RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_loraplex
 from benchmarks.harness.writer import write
@@ -244,15 +243,13 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--heavy-prompt", type=int, default=6000)
     parser.add_argument("--heavy-clients", type=int, default=32)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--modes", default=",".join(MODES),
                         help="servers to run side by side (off is always one)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     workloads = tuple(args.workloads.split(","))
     modes = [m for m in MODES if m in args.modes.split(",") or m == "off"]

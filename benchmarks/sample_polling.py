@@ -17,7 +17,6 @@ Writes ``sample_polling.json`` and ``sample_polling.md`` (`benchmarks.harness.wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,7 +32,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from benchmarks import RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_fake
 from benchmarks.harness.writer import write
@@ -140,13 +139,11 @@ def markdown(record: Result) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--executors", default="engine,noop")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     run = Run("sample_polling")

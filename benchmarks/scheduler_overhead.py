@@ -20,7 +20,6 @@ forward_backward chunks of one 8-token datum, then an optim_step):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -36,7 +35,7 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.fakes import NoopExecutor
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
@@ -47,6 +46,7 @@ from loraplex.domain.ops import CreateModelOp, WorkItem
 from loraplex.domain.optim import AdamParams
 from loraplex.domain.training_run import TrainingRun
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
+from loraplex.scheduler.assembly import build_scheduler
 from loraplex.scheduler.clock import ClockLoop
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
@@ -78,7 +78,7 @@ def scheduler() -> Iterator[Scheduler]:
         try:
             futures = FutureStore(ttl_s=3600, journal=stores.futures)
             effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
-            yield Scheduler(NoopExecutor(), SchedulerConfig(), futures, effects)
+            yield build_scheduler(NoopExecutor(), SchedulerConfig(), futures, effects)
         finally:
             stores.close()
 
@@ -241,12 +241,10 @@ def measure(tenants: int, steps: int, chunks: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--tenants", type=int, default=16)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--chunks", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     run = Run("scheduler_overhead", probe=False)
     payload = measure(args.tenants, args.steps, args.chunks)

@@ -19,7 +19,6 @@ Writes ``server_overhead.json`` and ``server_overhead.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -38,7 +37,8 @@ import httpx
 import tinker
 from tinker import types
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_fake
 from benchmarks.harness.writer import write
@@ -178,10 +178,8 @@ turn every pending op into a hot loop).
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--ops", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--data-dir", type=Path, default=SCRATCH / "bench-overhead")
     args = parser.parse_args()
     run = Run("server_overhead", probe=False)

@@ -40,9 +40,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 from tqdm import tqdm
 
-from benchmarks import REPO, RESULTS, SCRATCH
+from benchmarks import REPO, SCRATCH
 from benchmarks.adapters import nonzero_adapter
 from benchmarks.base_gemms import base_gemm_replay
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run, git_state
 from benchmarks.harness.writer import write
 from benchmarks.probe import load_average, probe_machine
@@ -313,7 +314,7 @@ def git_rev(rev: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8, help="decode steps timed per round")
@@ -321,7 +322,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=("decode", "train"),
                         default=["decode", "train"], help="which steps to measure")
     parser.add_argument("--baseline", help="git revision to compare against (interleaved)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -18,7 +18,6 @@ Writes ``streaming.json``, ``streaming.md`` and ``streaming.png``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,10 +31,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-from benchmarks import RESULTS
+from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.server_process import ServerProcess, serve_loraplex
-from benchmarks.harness.writer import write
+from benchmarks.harness.writer import pyplot, write
 
 SERVED = "bench-model"
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -153,10 +152,7 @@ def markdown(record: Result) -> str:
 
 
 def figure(result: dict[str, Any]) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = result["summary"]
     labels = ["streamed\nalone", "unstreamed\nalone", "streamed beside\nbatch"]
@@ -173,14 +169,12 @@ def figure(result: dict[str, Any]) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--model", default="builtin:smollm2-135m")
     parser.add_argument("--stream-decode-steps", type=int, default=None,
                         help="scheduler.stream_decode_steps of the server (default: its own)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     from tqdm import tqdm

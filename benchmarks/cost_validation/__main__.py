@@ -36,7 +36,6 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 import httpx
 from tqdm import tqdm
 
-from benchmarks import RESULTS
 from benchmarks.cost_validation.predict import (
     CALIBRATION,
     Measured,
@@ -47,6 +46,7 @@ from benchmarks.cost_validation.predict import (
     predict_phases,
 )
 from benchmarks.cost_validation.report import markdown
+from benchmarks.harness import cli
 from benchmarks.harness.result import Run
 from benchmarks.harness.server_process import serve_loraplex
 from benchmarks.harness.writer import write
@@ -238,12 +238,11 @@ def run_workloads(base_url: str, s: Settings, card: ModelCard, model: str = MODE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.parser(__doc__)
     p.add_argument("--quick", action="store_true", help="smoke run: tiny shapes, one RL step")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of the server and of the GEMM probe (same on both; "
                         "1 by default: 2-thread OpenMP collapses on a shared 2-core box)")
-    p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--model", choices=(MODEL_NAME, "small-moe"), default=MODEL_NAME,
                    help="the built-in served (and its results' file name suffix)")
     p.add_argument("--data-dir", default=None,
@@ -273,11 +272,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "_quick" if args.quick else "")
     record = run.finish(result, model=f"builtin:{args.model}", name=name)
     write(record, markdown(record, MOE_NOTES if args.model != MODEL_NAME else ""),
-          Path(args.out))
+          args.out)
     for phase, row in result["phases"].items():
         print(f"{phase:10s} predicted {row['predicted_s']:8.2f} s  measured "
               f"{row['measured_s']:8.2f} s  ratio {row['ratio']:.2f}", file=sys.stderr)
-    print(f"wrote {Path(args.out) / name}.json and .md", file=sys.stderr)
+    print(f"wrote {args.out / name}.json and .md", file=sys.stderr)
     return result
 
 

@@ -9,6 +9,7 @@ server (`serve_loraplex`, `serve_fake`).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from benchmarks import REPO
 
@@ -55,6 +57,19 @@ class ServerProcess:
     @property
     def run_dir(self) -> Path:
         return self.log_path.parent
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stats(self, key: str, recent: int = 0) -> dict[str, Any]:
+        """``/api/v1/loraplex/stats`` with ``recent`` cycle records, as ``key`` sees it (an
+        operator key sees every tenant; a tenant key its own tenant's counters at least)."""
+        request = urllib.request.Request(f"{self.base_url}/api/v1/loraplex/stats?recent={recent}",
+                                         headers={"X-API-Key": key})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(request, timeout=120) as response:
+            return dict(json.loads(response.read()))
 
     @classmethod
     def launch(cls, cmd: Sequence[str], env: dict[str, str], log_path: Path, *,

@@ -33,6 +33,17 @@ def write(result: Result, markdown: str, out: Path = RESULTS, figure: Any = None
     return json_path
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported on first use
+    so that a benchmark's ``--help`` needs no matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def compact_json(value: Any, indent: int = 0) -> str:
     """Indented JSON in which a list of scalars stays on one line (so raw records, one list per
     op or sample, take one line each)."""

@@ -54,8 +54,10 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 from tqdm import tqdm
 
-from benchmarks import RESULTS, SCRATCH
+from benchmarks import SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Run, git_state
+from benchmarks.harness.workers import Workers
 from benchmarks.harness.writer import write
 from benchmarks.load.phases import (
     SETUP_TIMEOUT_S,
@@ -67,10 +69,13 @@ from benchmarks.load.phases import (
     phase_spans,
     soak_phase,
 )
-from benchmarks.load.server import MODEL_NAME, MODEL_SOURCE, RssSampler, load_server
+from benchmarks.load.server import MODEL_NAME, MODEL_SOURCE, OBSERVER_KEY, RssSampler, load_server
 from benchmarks.load.settings import SDK_HEARTBEAT_S, SMOKE, Settings
 from benchmarks.load.summary import error_summary, goals, per_kind, rss_around, rss_summary
-from benchmarks.load.workers import CLIENT_SCRIPT, FLOOD_SCRIPT, OPENAI_SCRIPT, Workers
+
+HERE = Path(__file__).resolve().parent
+CLIENT_SCRIPT, FLOOD_SCRIPT, OPENAI_SCRIPT = (HERE / "client.py", HERE / "flood.py",
+                                              HERE / "openai_clients.py")
 
 
 def run(settings: Settings, scratch: Path) -> dict[str, Any]:
@@ -97,7 +102,7 @@ def run(settings: Settings, scratch: Path) -> dict[str, Any]:
             workers.spawn("openai", OPENAI_SCRIPT)
             expiry = expiry_phase(settings, workers, recorder, timeline, soak)
             workers.wait_all(["steady", "flood", "openai"], "started", SETUP_TIMEOUT_S)
-            stats_expired = server.stats()
+            stats_expired = server.stats(OBSERVER_KEY)
             flood = flood_phase(settings, server, workers, recorder, timeline, run_id)
             openai = openai_phase(settings, server, workers, recorder, timeline, run_id)
             samples = rss.stop()
@@ -196,7 +201,7 @@ def assemble(settings: Settings, measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.parser(__doc__)
     p.add_argument("--smoke", action="store_true",
                    help="4 clients, 3 s soak, 3 s flood, short timeouts (end-to-end check)")
     p.add_argument("--clients", type=int, help="soak clients (default 32)")
@@ -218,8 +223,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="final RSS right after sessions expire, without waiting for fetched "
                         "futures to be dropped")
     p.add_argument("--threads", type=int, help="server torch threads (default 1; 0: torch's)")
-    p.add_argument("--out", type=Path, default=RESULTS,
-                   help="results directory (default benchmarks/results)")
     p.add_argument("--keep-scratch", type=Path,
                    help="put the server data dir and worker logs here and keep them")
     args = p.parse_args(argv)
@@ -230,15 +233,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    settings = SMOKE if args.smoke else Settings()
-    fields = {"clients": args.clients, "clients_per_process": args.clients_per_process,
-              "soak_s": args.soak_s, "steady_tenants": args.steady_tenants,
-              "flood_s": args.flood_s, "baseline_s": args.baseline_s,
-              "flood_concurrency": args.flood_concurrency,
-              "flood_retry_s": args.flood_retry_s, "session_idle_s": args.session_idle_s,
-              "housekeeping_s": args.housekeeping_s, "openai_clients": args.openai_clients,
-              "openai_s": args.openai_s}
-    settings = replace(settings, **{k: v for k, v in fields.items() if v is not None})
+    settings = cli.overridden(
+        SMOKE if args.smoke else Settings(), clients=args.clients,
+        clients_per_process=args.clients_per_process, soak_s=args.soak_s,
+        steady_tenants=args.steady_tenants, flood_s=args.flood_s, baseline_s=args.baseline_s,
+        flood_concurrency=args.flood_concurrency, flood_retry_s=args.flood_retry_s,
+        session_idle_s=args.session_idle_s, housekeeping_s=args.housekeeping_s,
+        openai_clients=args.openai_clients, openai_s=args.openai_s)
     if args.no_fetched_grace:
         settings = replace(settings, wait_fetched_grace=False)
     if args.threads is not None:

@@ -17,8 +17,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.harness.procs import machine_cpu_s, process_cpu_s
+from benchmarks.harness.server_process import ServerProcess
+from benchmarks.harness.workers import Event, Workers
 from benchmarks.load.client import ClientSpec, Workload
-from benchmarks.load.server import MODEL_NAME, LoadServer
+from benchmarks.load.server import MODEL_NAME, OBSERVER_KEY
 from benchmarks.load.settings import SDK_HEARTBEAT_S, Settings
 from benchmarks.load.summary import (
     error_summary,
@@ -26,8 +29,6 @@ from benchmarks.load.summary import (
     per_kind,
     step_windows,
 )
-from benchmarks.load.workers import Event, Workers
-from benchmarks.multiplex.pool import machine_cpu_s, process_cpu_s
 from loraplex.scheduler.futures import FETCHED_GRACE_S
 
 MARGIN_S = 1.0  # on top of every computed server deadline (sweep and release plan latency)
@@ -108,13 +109,13 @@ def soak_clients(settings: Settings, run_id: str) -> list[ClientSpec]:
             for i in range(settings.clients)]
 
 
-def client_setup(server: LoadServer, specs: list[ClientSpec], workload: Workload
+def client_setup(server: ServerProcess, specs: list[ClientSpec], workload: Workload
                  ) -> dict[str, Any]:
-    return {"setup": {"base_url": server.url, "base_model": MODEL_NAME,
+    return {"setup": {"base_url": server.base_url, "base_model": MODEL_NAME,
                       "clients": [asdict(s) for s in specs], "workload": asdict(workload)}}
 
 
-def soak_phase(settings: Settings, server: LoadServer, workers: Workers, recorder: Recorder,
+def soak_phase(settings: Settings, server: ServerProcess, workers: Workers, recorder: Recorder,
                timeline: Timeline, run_id: str) -> dict[str, Any]:
     """Set up the soak clients, run them for ``soak_s``, stop them; their sessions'
     creation and the processes' exit times bound when the server may release them."""
@@ -136,7 +137,7 @@ def soak_phase(settings: Settings, server: LoadServer, workers: Workers, recorde
     timeline.begin("stopping")
     stopped = workers.stop(names, "stopped", SETUP_TIMEOUT_S)
     timeline.end()
-    releases = server.stats().get("engine_calls", {}).get("release", 0)
+    releases = server.stats(OBSERVER_KEY).get("engine_calls", {}).get("release", 0)
     exited = {s.name: stopped[proc].body["t"] for proc, group in groups.items() for s in group}
     closed = {c for event in stopped.values() for c in event.body["closed"]}
     soak = timeline.phases[-2]
@@ -186,7 +187,7 @@ def open_tenant(key: str) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def tenant_counters(server: LoadServer, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
+def tenant_counters(server: ServerProcess, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Our tenants' server counters (engine seconds, ops, rejections) by our names, each read
     with the tenant's own key (the stats a plain key sees include its own tenant)."""
     out = {}
@@ -201,7 +202,7 @@ def tenant_counters(server: LoadServer, keys: dict[str, str]) -> dict[str, dict[
     return out
 
 
-def flood_setup(settings: Settings, server: LoadServer, workers: Workers, run_id: str
+def flood_setup(settings: Settings, server: ServerProcess, workers: Workers, run_id: str
                 ) -> dict[str, str]:
     """The normal tenants' clients (warmed up) and the flooder's model, ready; their keys by
     our names."""
@@ -211,7 +212,7 @@ def flood_setup(settings: Settings, server: LoadServer, workers: Workers, run_id
     w = settings.workload
     workers.send("steady", client_setup(server, specs, w))
     workers.send("flood", {"setup": {
-        "base_url": server.url, "base_model": MODEL_NAME, "api_key": flood_key,
+        "base_url": server.base_url, "base_model": MODEL_NAME, "api_key": flood_key,
         "batch": w.batch, "seq_len": w.seq_len_max, "rank": w.rank,
         "vocab_limit": w.vocab_limit, "concurrency": settings.flood_concurrency,
         "retrievers": settings.flood_retrievers, "retry_s": settings.flood_retry_s,
@@ -220,7 +221,7 @@ def flood_setup(settings: Settings, server: LoadServer, workers: Workers, run_id
     return {s.name: s.api_key for s in specs} | {"flooder": flood_key}
 
 
-def flood_phase(settings: Settings, server: LoadServer, workers: Workers, recorder: Recorder,
+def flood_phase(settings: Settings, server: ServerProcess, workers: Workers, recorder: Recorder,
                 timeline: Timeline, run_id: str) -> dict[str, Any]:
     """Normal tenants throughout: baseline A, flood, drain (the flooder stopped, its queue
     emptying), baseline B; server counters read around the flood and its drain. The normal
@@ -273,13 +274,13 @@ def flood_summary(normal_ops: list[dict[str, Any]], windows: dict[str, tuple[flo
     }
 
 
-def openai_phase(settings: Settings, server: LoadServer, workers: Workers, recorder: Recorder,
+def openai_phase(settings: Settings, server: ServerProcess, workers: Workers, recorder: Recorder,
                  timeline: Timeline, run_id: str) -> dict[str, Any]:
     """The flood phase's normal tenants go on: ``openai_clients`` OpenAI-API clients
     (`load/openai_clients.py`) for ``openai_s``, stopped, then baseline C; then the normal tenants
     stop. Their steps in the OpenAI window against baselines B (just before) and C."""
     keys = [f"tml-load-{run_id}-openai-{i:02d}" for i in range(settings.openai_clients)]
-    workers.send("openai", {"setup": {"base_url": server.url, "model": MODEL_NAME,
+    workers.send("openai", {"setup": {"base_url": server.base_url, "model": MODEL_NAME,
                                       "keys": keys, "max_tokens": settings.openai_max_tokens,
                                       "nice": settings.flood_nice}})
     workers.wait_all(["openai"], "ready", SETUP_TIMEOUT_S)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.harness.result import Result
+from benchmarks.harness.writer import pyplot
 
 PHASE_COLORS = {"soak": "C0", "stopping": "C7", "expiry": "C2", "baseline_a": "C8",
                 "flood": "C3", "drain": "C1", "baseline_b": "C8", "openai": "C4",
@@ -58,6 +59,16 @@ def ops_table(ops: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def window_table(normal: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    """The normal tenants' step latency in each window (``labels``: window → its row)."""
+    lines = ["| window | steps | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
+    for name, label in labels.items():
+        w = normal[name]
+        lines.append(f"| {label} | {w['n']} | {_ms(w['p50_ms'])} | {_ms(w['p99_ms'])} | "
+                     f"{_ms(w['max_ms'])} |")
+    return lines
+
+
 def errors_lines(title: str, errors: dict[str, Any]) -> list[str]:
     if not errors["count"]:
         return [f"{title}: none."]
@@ -69,13 +80,9 @@ def errors_lines(title: str, errors: dict[str, Any]) -> list[str]:
 def flood_lines(result: dict[str, Any]) -> list[str]:
     flood, s = result["flood"], result["settings"]
     normal, f = flood["normal"], flood["flooder"]
-    labels = {"baseline_a": "baseline A (before the flood)", "flood": "flood",
-              "baseline_b": "baseline B (after the drain)", "baseline": "baseline (A + B)"}
-    lines = ["| window | steps | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
-    for name, label in labels.items():
-        w = normal[name]
-        lines.append(f"| {label} | {w['n']} | {_ms(w['p50_ms'])} | {_ms(w['p99_ms'])} | "
-                     f"{_ms(w['max_ms'])} |")
+    lines = window_table(normal, {
+        "baseline_a": "baseline A (before the flood)", "flood": "flood",
+        "baseline_b": "baseline B (after the drain)", "baseline": "baseline (A + B)"})
     share = flood["engine_share_flood_and_drain"]
     normal_share = [v for k, v in share.items() if k != "flooder"]
     lines += [
@@ -97,13 +104,9 @@ def flood_lines(result: dict[str, Any]) -> list[str]:
 
 def openai_lines(result: dict[str, Any]) -> list[str]:
     o, s = result["openai"], result["settings"]
-    labels = {"baseline_b": "baseline B (before the clients)", "openai": "OpenAI clients",
-              "baseline_c": "baseline C (after they left)", "baseline": "baseline (B + C)"}
-    lines = ["| window | steps | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|"]
-    for name, label in labels.items():
-        w = o["normal"][name]
-        lines.append(f"| {label} | {w['n']} | {_ms(w['p50_ms'])} | {_ms(w['p99_ms'])} | "
-                     f"{_ms(w['max_ms'])} |")
+    lines = window_table(o["normal"], {
+        "baseline_b": "baseline B (before the clients)", "openai": "OpenAI clients",
+        "baseline_c": "baseline C (after they left)", "baseline": "baseline (B + C)"})
     ttft = o["ttft"]
     lines += [
         "", f"Ratio p50 beside the clients ÷ baseline **{_x(o['normal']['ratio'])}** (÷ B "
@@ -184,10 +187,7 @@ def markdown(record: Result, png_name: str) -> str:
 def figure(result: dict[str, Any]) -> Any:
     """RSS over time (phases shaded, post-warm-up ±tolerance marked) above every op's latency
     over time (log scale, one colour per kind)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     raw, rss = result["raw"], result["rss"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,

@@ -1,7 +1,7 @@
 """The load benchmark's server: one `loraplex serve` child (builtin:tiny, ``--open``, a fresh data
 dir, short session idle timeout / future TTL / housekeeping interval from ``LORAPLEX_*``
-variables, so sessions expire within the run), its stats endpoint, and a thread sampling its
-resident memory from /proc.
+variables, so sessions expire within the run), and a thread sampling its resident memory from
+/proc.
 
 The fresh data dir gets the built-in model linked in from a cache (created once, keyed by a
 hash of the generator's sources): the server then skips writing it, ≈ 4 CPU-s per run, which
@@ -13,19 +13,17 @@ Knows the server only as a process, its config variables and HTTP; measures noth
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from benchmarks.harness.procs import rss_bytes
 from benchmarks.harness.server_process import ServerProcess, free_port, log_tail
 
 MODEL_NAME = "Qwen/Qwen3-8B"
@@ -60,27 +58,6 @@ class ServerSettings:
         return env
 
 
-class LoadServer:
-    """A started server: where it listens, its pid, its stats."""
-
-    def __init__(self, process: ServerProcess) -> None:
-        self.process = process
-        self.url = process.base_url
-
-    @property
-    def pid(self) -> int:
-        return self.process.process.pid
-
-    def stats(self, key: str = OBSERVER_KEY) -> dict[str, Any]:
-        """``/api/v1/loraplex/stats`` as ``key`` sees it (a plain tenant key sees its own
-        tenant's counters at least)."""
-        request = urllib.request.Request(f"{self.url}/api/v1/loraplex/stats?recent=0",
-                                         headers={"X-API-Key": key})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=120) as response:
-            return dict(json.loads(response.read()))
-
-
 def cached_builtin_model(cache_root: Path) -> Path:
     """The built-in tiny model's directory under ``cache_root``, created on first use."""
     import loraplex.engine.builtin as generator
@@ -104,7 +81,7 @@ def cached_builtin_model(cache_root: Path) -> Path:
 
 @contextmanager
 def load_server(settings: ServerSettings, data_dir: Path, model_cache: Path | None = None
-                ) -> Iterator[LoadServer]:
+                ) -> Iterator[ServerProcess]:
     """Start the server (inherited ``LORAPLEX_*`` variables dropped: only ours apply), wait
     until healthy, stop it on exit. With ``model_cache``, the built-in model is linked into
     the data dir from there (`cached_builtin_model`)."""
@@ -125,41 +102,13 @@ def load_server(settings: ServerSettings, data_dir: Path, model_cache: Path | No
     process = ServerProcess.start(cmd, env, data_dir / "server.log",
                                   base_url=f"http://127.0.0.1:{port}", base_model=MODEL_NAME)
     try:
-        yield LoadServer(process)
+        yield process
     except Exception:
         print(f"server log {process.log_path} (last lines):\n{log_tail(process.log_path)}",
               file=sys.stderr)
         raise
     finally:
         process.stop()
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                continue
-    return out
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and its descendants (VmRSS); 0 once it is gone."""
-    total = 0
-    for member in process_tree(pid):
-        try:
-            status = Path(f"/proc/{member}/status").read_text()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 class RssSampler:

@@ -27,7 +27,7 @@ import statistics
 import sys
 import traceback
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,12 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.harness import cli
 from benchmarks.harness.result import Run, git_state
 from benchmarks.harness.writer import write
-from benchmarks.multiplex.pool import TenantPool
+from benchmarks.multiplex.pool import tenant_pool
 from benchmarks.multiplex.run import MODEL_NAME, RunSpec, loraplex_server, run_loop
+from benchmarks.multiplex.workload import Workload
 from benchmarks.peers import skyrl
 from benchmarks.peers.client import run_client
 from benchmarks.peers.small_model import SMALL_MODEL_DIR, ensure_small_model
@@ -57,13 +59,7 @@ class Settings:
     Attributes:
         ks: tenant counts.
         modes: ``sft`` and/or ``grpo``.
-        sft_batch, seq_len: SFT sequences per tenant step and tokens per sequence.
-        grpo_prompts, group_size, prompt_len, max_tokens: GRPO prompts per tenant step,
-            samples per prompt, prompt tokens, new tokens per sample.
-        rank: LoRA rank.
-        vocab_limit: token ids are drawn from [1, vocab_limit) (the served model's vocabulary
-            must be larger).
-        warmup_steps: untimed steps per tenant per run.
+        workload: what each tenant does per step (its warm-up steps run before every run).
         timed_steps, min_window_tokens: timed steps per tenant: at least ``timed_steps``, and
             enough that the run's window holds ``min_window_tokens`` trained tokens (small K
             gets more steps, so every window is long enough to measure).
@@ -85,15 +81,7 @@ class Settings:
 
     ks: tuple[int, ...] = (1, 2, 4, 8, 16)
     modes: tuple[str, ...] = ("sft", "grpo")
-    sft_batch: int = 2
-    seq_len: int = 128
-    grpo_prompts: int = 1
-    group_size: int = 4
-    prompt_len: int = 48
-    max_tokens: int = 16
-    rank: int = 16
-    vocab_limit: int = 2048
-    warmup_steps: int = 1
+    workload: Workload = field(default_factory=Workload)
     timed_steps: int = 2
     grpo_timed_steps: int = 6
     min_window_tokens: int = 6144
@@ -104,25 +92,20 @@ class Settings:
                                   "--num-prompts", "4", "--fanout-samples", "4",
                                   "--max-tokens", "32")
 
-    def tokens_per_tenant_step(self, mode: str) -> int:
-        if mode == "sft":
-            return self.sft_batch * self.seq_len
-        return self.grpo_prompts * self.group_size * (self.prompt_len + self.max_tokens - 1)
-
     def run_spec(self, mode: str, k: int, variant: str) -> RunSpec:
-        step_tokens = k * self.tokens_per_tenant_step(mode)
+        step_tokens = k * self.workload.tokens_per_step(mode)
         floor = self.timed_steps if mode == "sft" else self.grpo_timed_steps
         timed = max(floor, -(-self.min_window_tokens // step_tokens))
-        job = {"batch": self.sft_batch if mode == "sft" else self.grpo_prompts,
-               "seq_len": self.seq_len, "prompt_len": self.prompt_len,
-               "group_size": self.group_size, "max_tokens": self.max_tokens, "rank": self.rank,
-               "vocab_limit": self.vocab_limit, "warmup_steps": self.warmup_steps}
-        return RunSpec(mode, k, variant, timed, job)
+        return RunSpec(mode, k, variant, timed, self.workload)
+
+    def payload(self) -> dict[str, Any]:
+        """The settings as the result records them: the workload's fields among the rest."""
+        fields = asdict(self)
+        return {**fields.pop("workload"), **fields}
 
 
-QUICK = Settings(ks=(1, 2, 4), sft_batch=2, seq_len=64, timed_steps=2, grpo_timed_steps=2,
-                 max_tokens=8,
-                 min_window_tokens=512, repeats=1,
+QUICK = Settings(ks=(1, 2, 4), workload=Workload(seq_len=64, max_tokens=8), timed_steps=2,
+                 grpo_timed_steps=2, min_window_tokens=512, repeats=1,
                  peer_args=("--steps", "1", "--warmup-steps", "1", "--rounds", "1",
                             "--num-prompts", "2", "--fanout-samples", "2", "--max-tokens", "8",
                             "--train-lengths", "64,64,128,128"))
@@ -175,7 +158,7 @@ def multiplex_phase(settings: Settings, model_dir: Path, scratch: Path,
                                                           settings.threads)),
             "timeslice": stack.enter_context(loraplex_server(
                 model_dir, scratch / "timeslice", settings.threads, "--timeslice"))}
-        pool = TenantPool(max(settings.ks), scratch / "tenant-logs")
+        pool = tenant_pool(max(settings.ks), scratch / "tenant-logs")
         stack.callback(pool.close)
         total = settings.repeats * sum(
             settings.run_spec(mode, k, "packed").timed_steps * (2 * k + 1)
@@ -223,7 +206,7 @@ def peer_phase(settings: Settings, model_dir: Path, scratch: Path, skyrl_dir: Pa
                            "loraplex_threads": settings.peer_threads}
     with loraplex_server(model_dir, scratch / "peer-loraplex", settings.peer_threads) as server:
         tqdm.write("peer: client_bench.py against loraplex")
-        out["loraplex"] = run_client(sys.executable, server.url, MODEL_NAME,
+        out["loraplex"] = run_client(sys.executable, server.base_url, MODEL_NAME,
                                      settings.peer_args, scratch / "peer-loraplex.json")
     try:
         tqdm.write(f"peer: installing/starting SkyRL tx under {skyrl_dir} (minutes)")
@@ -243,7 +226,7 @@ def peer_phase(settings: Settings, model_dir: Path, scratch: Path, skyrl_dir: Pa
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.parser(__doc__, out=False)
     p.add_argument("--quick", action="store_true", help="K=1,2,4, short sequences (smoke run)")
     p.add_argument("--skip-skyrl", action="store_true", help="no side-by-side with SkyRL tx")
     p.add_argument("--ks", help="comma-separated tenant counts (overrides the default)")
@@ -264,18 +247,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    settings = QUICK if args.quick else Settings()
-    if args.ks:
-        settings = replace(settings, ks=tuple(int(k) for k in args.ks.split(",")))
-    if args.modes:
-        settings = replace(settings, modes=tuple(args.modes.split(",")))
-    if args.timed_steps:
-        settings = replace(settings, timed_steps=args.timed_steps,
-                           grpo_timed_steps=args.timed_steps)
-    if args.repeats:
-        settings = replace(settings, repeats=args.repeats)
-    if args.threads:
-        settings = replace(settings, threads=args.threads)
+    settings = cli.overridden(  # a flag of 0 or "" is not given
+        QUICK if args.quick else Settings(), timed_steps=args.timed_steps or None,
+        grpo_timed_steps=args.timed_steps or None, repeats=args.repeats or None,
+        threads=args.threads or None,
+        ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else None,
+        modes=tuple(args.modes.split(",")) if args.modes else None)
     if args.peer_threads is not None:
         settings = replace(settings, peer_threads=args.peer_threads or None)
     return settings
@@ -297,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     roofline_tok_s = probe_start["gemm_fwd_bwd_gflops"] * 1e9 / flops
     tqdm.write(f"probe: {probe_start}; roofline {roofline_tok_s:.0f} trained tok/s")
     result: dict[str, Any] = {
-        "quick": args.quick, "settings": asdict(settings), "model_dir": str(model_dir),
+        "quick": args.quick, "settings": settings.payload(), "model_dir": str(model_dir),
         "flops_per_trained_token": flops, "roofline_tok_s": roofline_tok_s,
         "cores": os.cpu_count(), "git": git_state(), "goals": GOALS,
         "per_op_overhead_ms": per_op_overhead_ms(16, 10 if args.quick else 50),

@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from benchmarks.harness.result import Result
+from benchmarks.harness.writer import pyplot
 
 VARIANT_LABELS = {"packed": "packed (loraplex default)", "timeslice": "timeslice (one model "
                   "per cycle)", "single": "one adapter, K× batch"}
@@ -206,10 +207,7 @@ DEFINITIONS = (
 def figure(result: dict[str, Any], when: str = "") -> Any:
     """The two-panel matplotlib figure (throughput; efficiency and speedup), both against K,
     from a result's payload; ``when`` (date and load) goes into the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib import ticker
 
     modes = result["modes"]

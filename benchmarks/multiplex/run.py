@@ -8,13 +8,11 @@ Knows the server only through HTTP and its pid; knows nothing of the other runs.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
 import statistics
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,8 +21,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.harness.procs import machine_cpu_s, process_cpu_s
 from benchmarks.harness.server_process import ServerProcess, serve_loraplex
-from benchmarks.multiplex.pool import TenantPool, machine_cpu_s, process_cpu_s
+from benchmarks.harness.workers import Workers
+from benchmarks.multiplex.workload import Workload
 
 MODEL_NAME = "small"
 OBSERVER_KEY = "tml-multiplex-observer"
@@ -39,15 +39,14 @@ class RunSpec:
         k: the tenant count this run belongs to.
         variant: ``packed`` / ``timeslice`` (K tenants) or ``single`` (one tenant, K× batch).
         timed_steps: steps per tenant inside the measured window.
-        job: the tenant job fields shared by every tenant (`multiplex_tenant.Job`), with
-            ``batch`` per tenant for K tenants (multiplied by K for ``single``).
+        workload: what every tenant does per step (``single``: K tenants' batch).
     """
 
     mode: str
     k: int
     variant: str
     timed_steps: int
-    job: dict[str, Any] = field(default_factory=dict)
+    workload: Workload = field(default_factory=Workload)
 
     @property
     def num_tenants(self) -> int:
@@ -56,40 +55,19 @@ class RunSpec:
     def tenant_job(self, base_url: str, base_model: str, worker: int, label: str
                    ) -> dict[str, Any]:
         multiplier = self.k if self.variant == "single" else 1
-        return {**self.job, "base_url": base_url, "base_model": base_model,
-                "api_key": f"tml-{label}-t{worker}", "mode": self.mode,
-                "batch": self.job["batch"] * multiplier, "timed_steps": self.timed_steps,
-                "seed": worker}
-
-
-class Server:
-    """A `loraplex serve` child process and its stats endpoint."""
-
-    def __init__(self, process: ServerProcess) -> None:
-        self.process = process
-        self.url = process.base_url
-        self.base_model = process.base_model
-
-    @property
-    def pid(self) -> int:
-        return self.process.process.pid
-
-    def stats(self, recent: int = 0) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.url}/api/v1/loraplex/stats?recent={recent}",
-                                         headers={"X-API-Key": OBSERVER_KEY})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=120) as response:
-            return dict(json.loads(response.read()))
+        return {**self.workload.job(self.mode, multiplier), "base_url": base_url,
+                "base_model": base_model, "api_key": f"tml-{label}-t{worker}",
+                "timed_steps": self.timed_steps, "seed": worker}
 
 
 @contextmanager
 def loraplex_server(model_dir: Path, data_dir: Path, num_threads: int | None,
-                    *flags: str) -> Iterator[Server]:
+                    *flags: str) -> Iterator[ServerProcess]:
     shutil.rmtree(data_dir, ignore_errors=True)  # no sessions or adapters from an earlier run
     threads = [] if num_threads is None else ["--threads", str(num_threads)]
     with serve_loraplex(MODEL_NAME, str(model_dir), data_dir, *threads, *flags,
                         env={"no_proxy": "127.0.0.1,localhost"}) as process:
-        yield Server(process)
+        yield process
 
 
 @dataclass(frozen=True)
@@ -104,21 +82,23 @@ class Snapshot:
     machine_total_s: float
 
 
-def snapshot(server: Server, pool: TenantPool, workers: range, recent: int = 0) -> Snapshot:
-    stats = server.stats(recent)
+def snapshot(server: ServerProcess, pool: Workers, workers: range, recent: int = 0
+             ) -> Snapshot:
+    stats = server.stats(OBSERVER_KEY, recent)
     busy, total = machine_cpu_s()
     return Snapshot(time.time(), stats, pool.cpu_s(workers), process_cpu_s(server.pid), busy,
                     total)
 
 
-def run_loop(pool: TenantPool, server: Server, spec: RunSpec, bar: tqdm) -> dict[str, Any]:
+def run_loop(pool: Workers, server: ServerProcess, spec: RunSpec, bar: tqdm
+             ) -> dict[str, Any]:
     """One run: jobs → warm-up → barrier → timed steps (+ steady-load steps) → stop
     (the algorithm; reads top to bottom)."""
     num_tenants = spec.num_tenants
     label = f"{spec.mode}-k{spec.k}-{spec.variant}-{int(time.time())}"
     workers = range(num_tenants)
     for i in workers:
-        pool.send(i, {"job": spec.tenant_job(server.url, server.base_model, i, label)})
+        pool.send(i, {"job": spec.tenant_job(server.base_url, server.base_model, i, label)})
     pool.wait_all(workers, "ready", timeout_s=3600)
     load_start = os.getloadavg()
     before = snapshot(server, pool, workers)

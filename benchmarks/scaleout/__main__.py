@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 from tqdm import tqdm
 
 from benchmarks import RESULTS, SCRATCH
+from benchmarks.harness import cli
 
 if TYPE_CHECKING:
     from benchmarks.scaleout.server import WorkerServer
@@ -150,7 +151,7 @@ def run_phases(settings: Settings, phases: tuple[str, ...], scratch: Path,
     on a shared machine their start-ups overlap instead of queueing; none is measured), then
     the phases one after another: dispatch, throughput, paging, recovery. The headline keys
     are lifted to the top of the result."""
-    from benchmarks.multiplex.pool import TenantPool
+    from benchmarks.multiplex.pool import tenant_pool
     from benchmarks.scaleout.dispatch import dispatch_phase, dispatch_worker
     from benchmarks.scaleout.paging import paging_phase
     from benchmarks.scaleout.recovery import recovery_phase
@@ -169,7 +170,7 @@ def run_phases(settings: Settings, phases: tuple[str, ...], scratch: Path,
         stack.callback(stop_all, servers.values())
         pool = None
         if "throughput" in phases:
-            pool = TenantPool(settings.tenants, scratch / "tenant-logs")
+            pool = tenant_pool(settings.tenants, scratch / "tenant-logs")
             stack.callback(pool.close)
         with ExitStack() as dispatch_stack:
             remote = (dispatch_stack.enter_context(dispatch_worker(model_dir("tiny")))
@@ -232,7 +233,7 @@ def paging_headline(paging: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.parser(__doc__, out=False)
     p.add_argument("--smoke", action="store_true",
                    help="1 round, 5 s windows, 2 tenants, tiny model (about a minute)")
     p.add_argument("--rounds", type=int, help="throughput rounds (each: workers 1, then 2)")
@@ -252,12 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    settings = SMOKE if args.smoke else Settings()
-    given = {"rounds": args.rounds, "window_s": args.window_s, "tenants": args.tenants,
-             "model": args.model, "paging_resident": args.paging_resident,
-             "dispatch_calls": args.dispatch_calls,
-             "modes": tuple(args.modes.split(",")) if args.modes else None}
-    return replace(settings, **{k: v for k, v in given.items() if v is not None})
+    return cli.overridden(SMOKE if args.smoke else Settings(), rounds=args.rounds,
+                          window_s=args.window_s, tenants=args.tenants, model=args.model,
+                          paging_resident=args.paging_resident,
+                          dispatch_calls=args.dispatch_calls,
+                          modes=tuple(args.modes.split(",")) if args.modes else None)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

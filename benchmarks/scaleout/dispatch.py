@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scaleout.throughput import Workload
+from benchmarks.multiplex.workload import Workload
 from loraplex.domain.data import Datum, TensorData
 from loraplex.domain.losses import LossFnName
 from loraplex.domain.optim import AdamParams

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scaleout.throughput import Workload
+from benchmarks.multiplex.workload import Workload
 
 STEP_BYTES = 4  # the AdamW step count: one float32
 

@@ -8,11 +8,11 @@ say where CPU time went and to find a worker's pid to kill.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from benchmarks.harness.procs import descendants, stat
+
 #: Ray names an actor's process after its class (``ray::EngineWorker``, and
 #: ``ray::EngineWorker.forward_backward`` while a call runs).
 ENGINE_WORKER_TITLE = "ray::EngineWorker"
@@ -21,26 +21,17 @@ ROLES = ("server", "engine_workers", "ray")
 
 @dataclass(frozen=True)
 class Proc:
-    """One process: its parent, its title (argv as /proc shows it) and CPU seconds so far."""
+    """One process: its parent, CPU seconds so far and its title (argv as /proc shows it)."""
 
     pid: int
     ppid: int
-    title: str
     cpu_s: float
+    title: str
 
     def role(self, root: int) -> str:
         if self.pid == root:
             return "server"
         return "engine_workers" if self.title.startswith(ENGINE_WORKER_TITLE) else "ray"
-
-
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(ppid, user + system CPU seconds) of a live process, None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _title(pid: int) -> str:
@@ -53,22 +44,8 @@ def _title(pid: int) -> str:
 
 def process_tree(root: int) -> list[Proc]:
     """``root`` and every descendant alive now (root first)."""
-    parents: dict[int, tuple[int, float]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = stat
-    if root not in parents:
-        return []
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in parents.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        ppid, cpu_s = parents[pid]
-        out.append(Proc(pid, ppid, _title(pid), cpu_s))
-        todo += sorted(children.get(pid, []))
-    return out
+    return [Proc(pid, *read, _title(pid)) for pid in descendants(root)
+            if (read := stat(pid)) is not None]
 
 
 def engine_worker_pids(root: int) -> list[int]:

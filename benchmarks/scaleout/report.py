@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.harness.result import Result
+from benchmarks.harness.writer import pyplot
 
 LABELS = {
     "throughput_ratio_2v1": "aggregate trained tok/s, `--workers 2` ÷ `--workers 1`",
@@ -235,10 +236,7 @@ DEFINITIONS = (
 def figure(result: dict[str, Any], when: str = "") -> Any:
     """The two panels (throughput per round; the recovery timeline) from a result's payload,
     titled with the run's goals; ``when`` (date and load) goes into the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     goals = {key: _goal(g["goal"]) for key, g in result["goals"].items()}

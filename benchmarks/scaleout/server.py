@@ -10,11 +10,9 @@ Knows nothing of what a run measures.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,14 +49,10 @@ class WorkerServer:
 
     @property
     def pid(self) -> int:
-        return self.process.process.pid
+        return self.process.pid
 
     def stats(self, recent: int = 0) -> dict[str, Any]:
-        request = urllib.request.Request(f"{self.url}/api/v1/loraplex/stats?recent={recent}",
-                                         headers={"X-API-Key": self.stats_key})
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=120) as response:
-            return dict(json.loads(response.read()))
+        return self.process.stats(self.stats_key, recent)
 
     def stop(self) -> None:
         self.process.stop()

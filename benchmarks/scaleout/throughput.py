@@ -20,47 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.multiplex.pool import TenantPool, machine_cpu_s
+from benchmarks.harness.procs import machine_cpu_s
+from benchmarks.harness.workers import Workers
+from benchmarks.multiplex.workload import Workload
 from benchmarks.scaleout.procs import TreeCpu
 from benchmarks.scaleout.server import WorkerServer
 
 WORKER_COUNTS = (1, 2)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one tenant does per step (fields of `multiplex_tenant.Job`).
-
-    Attributes:
-        sft_batch, seq_len: SFT sequences per step and tokens per sequence.
-        grpo_prompts, group_size, prompt_len, max_tokens: GRPO prompts per step, samples per
-            prompt, prompt tokens, new tokens per sample.
-        rank: LoRA rank.
-        vocab_limit: token ids are drawn from [1, vocab_limit) (below the model's vocabulary).
-        warmup_steps: untimed steps per tenant before its window opens.
-    """
-
-    sft_batch: int = 2
-    seq_len: int = 128
-    grpo_prompts: int = 1
-    group_size: int = 4
-    prompt_len: int = 48
-    max_tokens: int = 16
-    rank: int = 16
-    vocab_limit: int = 2048
-    warmup_steps: int = 1
-
-    def job(self, mode: str, base_url: str, base_model: str, api_key: str, seed: int
-            ) -> dict[str, Any]:
-        """A tenant's job: one timed step, then one more per ``more`` until ``stop``."""
-        return {"base_url": base_url, "base_model": base_model, "api_key": api_key,
-                "mode": mode, "batch": self.sft_batch if mode == "sft" else self.grpo_prompts,
-                "seq_len": self.seq_len, "prompt_len": self.prompt_len,
-                "group_size": self.group_size, "max_tokens": self.max_tokens, "rank": self.rank,
-                "vocab_limit": self.vocab_limit, "warmup_steps": self.warmup_steps,
-                "timed_steps": 1, "seed": seed}
-
-
 #: Per model size: the multiplex benchmark's workload on `small`, a scaled-down one on `tiny`
 #: (vocabulary 1024).
 WORKLOADS = {"small": Workload(),
@@ -79,7 +45,7 @@ class Reading:
     machine_total_s: float
 
 
-def read(server: WorkerServer, pool: TenantPool, tenants: range, recent: int = 0) -> Reading:
+def read(server: WorkerServer, pool: Workers, tenants: range, recent: int = 0) -> Reading:
     stats = server.stats(recent)
     busy, total = machine_cpu_s()
     return Reading(time.time(), stats, TreeCpu.read(server.pid), pool.cpu_s(tenants), busy,
@@ -166,15 +132,17 @@ def summarize(workers: int, steps: list[dict[str, Any]], t_go: float, t_end: flo
     }
 
 
-def run_window(pool: TenantPool, server: WorkerServer, workload: Workload,
+def run_window(pool: Workers, server: WorkerServer, workload: Workload,
                modes: tuple[str, ...], num_tenants: int, window_s: float, label: str
                ) -> dict[str, Any]:
     """One run: jobs → warm-up → go → steps until the window closes → stop (the algorithm;
     reads top to bottom). Tenant i runs ``modes[i % len(modes)]``."""
     tenants = range(num_tenants)
     for i in tenants:
-        pool.send(i, {"job": workload.job(modes[i % len(modes)], server.url, server.base_model,
-                                          f"tml-{label}-t{i}", seed=i)})
+        # One timed step, then one more per ``more`` until ``stop``.
+        pool.send(i, {"job": {**workload.job(modes[i % len(modes)]), "base_url": server.url,
+                              "base_model": server.base_model, "api_key": f"tml-{label}-t{i}",
+                              "timed_steps": 1, "seed": i}})
     pool.wait_all(tenants, "ready", timeout_s=1800)
     load_start = os.getloadavg()
     before = read(server, pool, tenants)
@@ -209,7 +177,7 @@ def run_window(pool: TenantPool, server: WorkerServer, workload: Workload,
     return run
 
 
-def throughput_phase(servers: dict[int, WorkerServer], pool: TenantPool, model_name: str, *,
+def throughput_phase(servers: dict[int, WorkerServer], pool: Workers, model_name: str, *,
                      rounds: int, window_s: float, num_tenants: int, modes: tuple[str, ...],
                      probe: Callable[[], dict[str, Any]],
                      on_run: Callable[[str], None] = lambda _: None,

@@ -50,25 +50,17 @@ from loraplex.errors import (
     user_error,
 )
 
+_STATUSES: tuple[tuple[type[LoraplexError], int], ...] = (
+    (NotFoundError, 404), (AuthError, 401), (ConflictError, 409), (QuotaError, 403),
+    (ForbiddenError, 403), (PayloadTooLargeError, 413), (UserError, 400), (CapacityError, 429),
+    (StorageError, 507),
+)
+"""The module docstring's table, in order: an error gets the status of the first class it is an
+instance of (a subclass before its base: PayloadTooLargeError is a UserError)."""
+
 
 def http_status(error: LoraplexError) -> int:
-    if isinstance(error, NotFoundError):
-        return 404
-    if isinstance(error, AuthError):
-        return 401
-    if isinstance(error, ConflictError):
-        return 409
-    if isinstance(error, QuotaError | ForbiddenError):
-        return 403
-    if isinstance(error, PayloadTooLargeError):
-        return 413
-    if isinstance(error, UserError):
-        return 400
-    if isinstance(error, CapacityError):
-        return 429
-    if isinstance(error, StorageError):
-        return 507
-    return 500
+    return next((status for kind, status in _STATUSES if isinstance(error, kind)), 500)
 
 
 def error_body(error: LoraplexError) -> dict[str, Any]:

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec
 
+from fastapi import Request
+
 from loraplex.api.access import LiveRun, live_run
+from loraplex.api.body import request_body
 from loraplex.api.context import ServerContext
 from loraplex.domain.ops import Admitted, FailedOp, Op, RequestKind, SaveOp, WorkItem
 from loraplex.errors import LoraplexError, user_error
@@ -104,6 +107,16 @@ def submit_training(ctx: ServerContext, tenant: str, slot: TrainingSlot, kind: R
     if admitted.request_id != slot.request_id:
         _release(ctx, op)
     return {"request_id": admitted.request_id, "model_id": slot.model_id}
+
+
+async def submit_json(request: Request, tenant: str, kind: RequestKind,
+                      build: Callable[[ServerContext, TrainingSlot, bytes], Op]
+                      ) -> dict[str, str]:
+    """A JSON training request end to end: its slot (`json_slot`), its op (``build``, a
+    `keeps_slot` function of the body), the submit."""
+    ctx, raw = await request_body(request)
+    slot = json_slot(ctx, tenant, raw)
+    return submit_training(ctx, tenant, slot, kind, build(ctx, slot, raw))
 
 
 def _release(ctx: ServerContext, op: Op) -> None:

@@ -106,6 +106,36 @@ def with_learning_rates(cfg: DemoConfig, sft: float | None, rl: float | None) ->
                    rl_learning_rate=rl or cfg.rl_learning_rate)
 
 
+def _config_of(args: argparse.Namespace) -> DemoConfig:
+    """The preset of ``--model`` / ``--task`` with the flags' overrides (`demo_config`)."""
+    cfg = demo_config(args.model, args.task, args.seed)
+    if args.steps is not None:
+        cfg = replace(cfg, rl_steps=args.steps)
+    if args.sft_steps is not None:
+        cfg = replace(cfg, sft_steps=args.sft_steps)
+    return with_learning_rates(replace(cfg, optimizer=args.optimizer), args.sft_lr, args.rl_lr)
+
+
+def _server_command(cfg: DemoConfig, port: int, data_dir: Path, threads: int | None
+                    ) -> tuple[list[str], dict[str, str]]:
+    """``loraplex serve`` on the demo's model (open access) and the environment it runs in."""
+    cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--open",
+           "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={cfg.model_source}",
+           "--threads", str(threads or cfg.server_threads)]
+    env = dict(os.environ)
+    if cfg.kv_cache_blocks is not None:
+        env["LORAPLEX_ENGINE_KV_CACHE_BLOCKS"] = str(cfg.kv_cache_blocks)
+    return cmd, env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _offline_env(hf_home: Path) -> None:
     """The demo process talks only to its own server and never to a hub."""
     os.environ.update({
@@ -127,26 +157,16 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     try:
-        cfg = demo_config(args.model, args.task, args.seed)
+        cfg = _config_of(args)
     except ValueError as err:
         console.print(f"[red]loraplex demo: {err}[/red]")
         return 2
-    if args.steps is not None:
-        cfg = replace(cfg, rl_steps=args.steps)
-    if args.sft_steps is not None:
-        cfg = replace(cfg, sft_steps=args.sft_steps)
-    cfg = with_learning_rates(replace(cfg, optimizer=args.optimizer), args.sft_lr, args.rl_lr)
     model_dir = resolve_source(cfg.model_source, str(data_dir))
     install(model_dir, cache_repo_id(cfg.base_model), str(hf_home))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = out / "server.log"
-    cmd = [sys.executable, "-m", "loraplex", "serve", "--port", str(port), "--open",
-           "--data-dir", str(data_dir), "--model", f"{cfg.base_model}={cfg.model_source}"]
-    cmd += ["--threads", str(args.threads or cfg.server_threads)]
-    env = dict(os.environ)
-    if cfg.kv_cache_blocks is not None:
-        env["LORAPLEX_ENGINE_KV_CACHE_BLOCKS"] = str(cfg.kv_cache_blocks)
+    cmd, env = _server_command(cfg, port, data_dir, args.threads)
     console.print(f"[bold]loraplex demo[/bold]: starting server on {url} (log: {log_path})")
     # SIGTERM unwinds like Ctrl-C, so the `finally` below always stops the server child.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -156,11 +176,7 @@ def run(args: argparse.Namespace) -> int:
             _wait_healthy(url, proc, log_path, timeout_s=300)
             summary = run_demo(url, DEMO_API_KEY, cfg, out, console)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc)
     console.print_json(data=summary)
     console.print(f"outputs in {out}: metrics.jsonl, manifest.json, summary.json, curves.png")
     return 0

@@ -192,6 +192,7 @@ def build_context(
     from loraplex.api.context import ServerContext
     from loraplex.api.signing import UrlSigner
     from loraplex.cli.model_sources import resolve_source
+    from loraplex.scheduler.assembly import build_scheduler
     from loraplex.scheduler.catalog import Catalog, ServedModel
     from loraplex.scheduler.effects import Effects
     from loraplex.scheduler.futures import FutureStore
@@ -205,7 +206,7 @@ def build_context(
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
 
     def make_scheduler(executor: BatchExecutor) -> Scheduler:
-        return Scheduler(executor, scheduler_config, futures, effects)
+        return build_scheduler(executor, scheduler_config, futures, effects)
 
     by_dir: dict[str, Lanes] = {}
     served = []

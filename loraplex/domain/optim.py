@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from loraplex.errors import user_error
 
@@ -30,10 +30,7 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-
-    @property
-    def family(self) -> OptimizerFamily:
-        return "adamw"
+    family: ClassVar[OptimizerFamily] = "adamw"
 
     def validate(self, field: str = "adam_params") -> AdamParams:
         checks = {
@@ -66,9 +63,7 @@ class DimuonParams:
     beta1: float = 0.9
     damping: float = 1e-4
     rank_lr_correction_exponent: float = 0.175
-    @property
-    def family(self) -> OptimizerFamily:
-        return "dimuon"
+    family: ClassVar[OptimizerFamily] = "dimuon"
 
     def validate(self, field: str = "optimizer_params") -> DimuonParams:
         checks = {

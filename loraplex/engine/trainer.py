@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 
 import torch
@@ -88,6 +88,7 @@ def _compute(k: int, p: _Prepared, logprobs: torch.Tensor, failed: dict[int, Lor
         return LossOutput(zero, torch.zeros_like(logprobs.detach()), {"loss:sum": zero})
 
 
+@dataclass(eq=False)
 class Trainer:
     """Forward/backward and AdamW for the adapters of one `AdapterBank` on one `Transformer`.
 
@@ -95,13 +96,11 @@ class Trainer:
     adapters' own ``.grad`` until their optim_step frees them.
     """
 
-    def __init__(self, model: Transformer, bank: AdapterBank, max_context: int,
-                 pipe: StagePipe | None = None) -> None:
-        self.model = model
-        self.bank = bank
-        self.max_context = max_context
-        self.pipe = pipe
-        self._optimizers: dict[str, OptimizerState] = {}
+    model: Transformer
+    bank: AdapterBank
+    max_context: int
+    pipe: StagePipe | None = None
+    _optimizers: dict[str, OptimizerState] = field(default_factory=dict, init=False)
 
     # ---- forward / backward ----------------------------------------------------------------
 

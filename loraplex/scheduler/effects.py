@@ -37,7 +37,7 @@ from loraplex.domain.results import (
 from loraplex.domain.sampling import SampleResult
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork
 from loraplex.errors import LoraplexError, ServerError
-from loraplex.store.checkpoints import CheckpointStore
+from loraplex.store.checkpoints import CheckpointRecord, CheckpointStore
 from loraplex.store.encryption import encrypt_directory
 from loraplex.store.runs import RunStore
 from loraplex.store.samplers import SamplerStore, new_record
@@ -78,31 +78,14 @@ class Effects:
                 self.runs.insert(op.run)
                 return ModelCreated(op.run.model_id)
             case LoadOp():
-                loaded = expect(result, LoadResult, item)
-                if op.new_run is not None:
-                    self.runs.insert(replace(op.new_run, lora=loaded.config))
-                else:
-                    self.runs.touch(op.work.adapter_id)
+                self._record_load(op, expect(result, LoadResult, item))
                 return WeightsLoaded(op.work.adapter_id, str(op.path))
             case SaveOp():
                 expect(result, SaveResult, item)
-                try:
-                    if op.encrypt_to:
-                        encrypt_directory(op.checkpoint.directory, op.encrypt_to)
-                    record = self.checkpoints.commit(op.checkpoint)
-                except LoraplexError:
-                    raise
-                except Exception as exc:  # a full or read-only disk: say so, not "a bug"
-                    raise self.checkpoints.storage_error(exc) from None
+                record = self._commit(op)
                 return CheckpointSaved(str(record.path), record.size_bytes, record.path.kind)
             case SnapshotOp():
-                ready = expect(result, AdapterReady, item)
-                self.samplers.insert(new_record(
-                    sampler_id=op.sampler_id, tenant=op.tenant, session_id=op.session_id,
-                    base_model=op.base_model, model_path=None, source=op.kind,
-                    model_id=op.model_id,
-                    adapter_id=ready.adapter_id if op.kind == "snapshot" else None,
-                    adapter_dir=None))
+                self._record_snapshot(op, expect(result, AdapterReady, item))
                 return SamplerSnapshotReady(op.sampler_id)
             case SampleOp():
                 sampled = expect(result, SampleResult, item)
@@ -118,6 +101,32 @@ class Effects:
                 raise ServerError(f"pre-failed op {item.request_id} reported a success")
             case _:
                 assert_never(op)
+
+    def _record_load(self, op: LoadOp, loaded: LoadResult) -> None:
+        """A create-via-load's new run, with the LoRA config of its checkpoint; else the run
+        loaded into is touched."""
+        if op.new_run is not None:
+            self.runs.insert(replace(op.new_run, lora=loaded.config))
+        else:
+            self.runs.touch(op.work.adapter_id)
+
+    def _commit(self, op: SaveOp) -> CheckpointRecord:
+        """List a written checkpoint (encrypting it first when asked)."""
+        try:
+            if op.encrypt_to:
+                encrypt_directory(op.checkpoint.directory, op.encrypt_to)
+            return self.checkpoints.commit(op.checkpoint)
+        except LoraplexError:
+            raise
+        except Exception as exc:  # a full or read-only disk: say so, not "a bug"
+            raise self.checkpoints.storage_error(exc) from None
+
+    def _record_snapshot(self, op: SnapshotOp, ready: AdapterReady) -> None:
+        """The sampler a snapshot made (an inflight one keeps no adapter of its own)."""
+        self.samplers.insert(new_record(
+            sampler_id=op.sampler_id, tenant=op.tenant, session_id=op.session_id,
+            base_model=op.base_model, model_path=None, source=op.kind, model_id=op.model_id,
+            adapter_id=ready.adapter_id if op.kind == "snapshot" else None, adapter_dir=None))
 
     def failed(self, item: WorkItem, error: LoraplexError) -> None:
         """Undo what the submit reserved for an op that failed."""

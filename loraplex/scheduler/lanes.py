@@ -128,20 +128,20 @@ class Lanes:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        with self._lock:
-            self._started = True
-            lanes = list(self.lanes)
-        for lane in lanes:
+        for lane in self._set_started(True):
             lane.loop.start()
 
     def stop(self) -> None:
         """Stop every lane's clock loop (saves in progress finish), then release the workers."""
-        with self._lock:
-            self._started = False
-            lanes = list(self.lanes)
-        for lane in lanes:
+        for lane in self._set_started(False):
             lane.loop.stop()
             lane.scheduler.executor.close()
+
+    def _set_started(self, started: bool) -> list[Lane]:
+        """Whether lanes added from now on start their clock loops; returns the lanes there are."""
+        with self._lock:
+            self._started = started
+            return list(self.lanes)
 
     def problem(self) -> str | None:
         """Why these lanes cannot serve right now (None: at least one worker is up and its

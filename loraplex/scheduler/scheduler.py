@@ -11,8 +11,9 @@ earlier ops of its model; sampling requests have no order.
 Policy (`Planner`, the one place it lives): file work on IO threads, then releases, installs
 and expired seq gaps, then training (clock cycles and control ops) and sampling sharing the
 engine by engine time. The state submitting, planning and finishing share (queues, sampling
-queue, residency, in-flight counts, installs, the lock) is one `SchedulerState`, built here and
-handed to the `Planner` and `Completion`; neither imports this module.
+queue, residency, in-flight counts, installs, the lock) is one `SchedulerState`. `assembly`
+builds it and hands it to the `Scheduler`, the `Planner` and the `Completion`; this module and
+completion.py do not import each other (the scheduler reaches that half through `Finishing`).
 
 Admission: a tenant with ``max_inflight_per_tenant`` queued or running ops gets CapacityError
 (HTTP 429) for new samples and for training ops that do not fill the gap its queue waits on.
@@ -25,27 +26,26 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from loraplex.config import SchedulerConfig
 from loraplex.domain.ids import TinkerPath
 from loraplex.domain.ops import Admitted, InstallPlan, LoadOp, Plan, PlanStart, WorkItem, new_run_of
 from loraplex.domain.sampling import cancelled_error
+from loraplex.domain.usage import OpUsage
 from loraplex.domain.work import LoadWork
 from loraplex.errors import CapacityError, LoraplexError, NotFoundError, WorkerLostError
-from loraplex.scheduler.completion import Completion, Finished
-from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.evacuation import EvacuatedRun, Evacuation, evacuate
 from loraplex.scheduler.executor import BatchExecutor
 from loraplex.scheduler.futures import FutureStore
-from loraplex.scheduler.io_workers import IoWorkers, ThreadedIo
+from loraplex.scheduler.io_workers import IoWorkers
 from loraplex.scheduler.metrics import SchedulerMetrics
 from loraplex.scheduler.model_queue import ModelQueue
 from loraplex.scheduler.planner import Planner
 from loraplex.scheduler.residency import AdapterResidency, sample_op
 from loraplex.scheduler.runner import PlanOutcome
-from loraplex.scheduler.sample_queue import SampleQueue
 from loraplex.scheduler.scheduler_state import SchedulerState
 from loraplex.scheduler.step_log import StepLog
 from loraplex.scheduler.usage import UsageLog
@@ -54,45 +54,63 @@ from loraplex.scheduler.work_choice import WorkChoice
 SAMPLE_DEDUPE_MEMORY = 65536
 
 
+class Finishing(Protocol):
+    """The half of the state machine that finishes ops: `completion.Completion`, which
+    `assembly.build_scheduler` hands in (named here so the two modules need not import each
+    other)."""
+
+    def complete(self, plan: Plan, outcome: PlanOutcome
+                 ) -> tuple[list[WorkItem], list[OpUsage]]: ...
+
+    def installed_sampler_adapters(self, plan: InstallPlan, outcome: PlanOutcome) -> None: ...
+
+    def fail_unstarted(self, failures: Iterable[tuple[WorkItem, LoraplexError, str | None]]
+                       ) -> None: ...
+
+
+@dataclass(frozen=True)
+class SchedulerParts:
+    """What a `Scheduler` is made of (`assembly.build_scheduler` builds them): the state its
+    halves share, the planning half and its policy, the finishing half, where saves and reads
+    run, and the logs and metrics finished ops are recorded in."""
+
+    state: SchedulerState
+    choice: WorkChoice
+    planner: Planner
+    finishing: Finishing
+    io: IoWorkers
+    usage: UsageLog
+    steps: StepLog
+    metrics: SchedulerMetrics
+
+
 class Scheduler:
-    """Schedules all work on one base model's executor.
+    """Schedules all work on one base model's executor (built by `assembly.build_scheduler`).
 
     Args:
         executor: the engine (or a fake) for this base model.
         config: the scheduler's config slice.
         futures: the server-wide future store.
-        effects: store side effects of finished ops.
+        parts: its shared state, halves, IO workers and logs.
         clock: monotonic seconds (tests inject their own).
-        io: where saves and checkpoint reads run (default: ``config.io_threads`` threads).
     """
 
     def __init__(self, executor: BatchExecutor, config: SchedulerConfig, futures: FutureStore,
-                 effects: Effects, clock: Callable[[], float] = time.monotonic,
-                 io: IoWorkers | None = None) -> None:
+                 parts: SchedulerParts, clock: Callable[[], float] = time.monotonic) -> None:
         self.executor = executor
         self.config = config
         self.futures = futures
-        self.usage = UsageLog()
-        self.steps = StepLog()
-        self.metrics = SchedulerMetrics(config.cycle_history, clock)
-        self.io = io or ThreadedIo(config.io_threads)
+        self.usage = parts.usage
+        self.steps = parts.steps
+        self.metrics = parts.metrics
+        self.io = parts.io
         self._clock = clock
-        samples = SampleQueue(config.sample_kv_budget_tokens, config.quantum_tokens,
-                              executor.model_info().max_context,
-                              config.sample_prefill_tokens_per_step,
-                              config.sample_max_tenant_share, config.latency_fair_window_s)
-        self._state = SchedulerState(samples, AdapterResidency(
-            config.max_sampler_snapshots_per_model, config.max_checkpoint_samplers))
+        self._state = parts.state
         self._sample_seen: OrderedDict[tuple[str, int], Admitted] = OrderedDict()
-        self._choice = WorkChoice(config)
+        self._choice = parts.choice
         self._lost_plan: Plan | None = None
-        self._done = Completion(self._state, effects, executor=executor, futures=futures,
-                                usage=self.usage, steps=self.steps, metrics=self.metrics,
-                                clock=clock)
-        self._planner = Planner(self._state, self._choice, config.quantum_tokens,
-                                run_io_op=self._done.run_io_op,
-                                read_sampler_adapter=self._done.read_sampler_adapter,
-                                clock=clock)
+        self._done = parts.finishing
+        self._planner = parts.planner
 
     @property
     def lock(self) -> threading.Lock:
@@ -307,8 +325,8 @@ class Scheduler:
             if running:
                 self._planner.cancel(request_id)
                 self._state.notify_locked()
-        self.usage.add([self._done.deliver(Finished(it, cancelled_error(), 0.0,
-                                                    sample_op(it).base_model)) for it in taken])
+        self._done.fail_unstarted((it, cancelled_error(), sample_op(it).base_model)
+                                  for it in taken)
         return bool(taken) or running
 
     def complete(self, plan: Plan, outcome: PlanOutcome) -> None:
@@ -321,15 +339,13 @@ class Scheduler:
             return
         began = time.perf_counter()
         self.futures.add_progress(outcome.progress)
-        finished = self._done.finish_plan(plan, outcome)
-        usage = [self._done.deliver(f) for f in finished]
-        self.usage.add(usage)
+        items, usage = self._done.complete(plan, outcome)
         with self._state.lock:
             self._choice.plan_done(plan, outcome.engine_s, bool(outcome.outcomes))
             num_running = self._state.samples.num_running()
         if isinstance(plan, InstallPlan):
             self._done.installed_sampler_adapters(plan, outcome)
-        self.metrics.plan_done(plan, outcome, [f.item for f in finished], usage, num_running,
+        self.metrics.plan_done(plan, outcome, items, usage, num_running,
                                time.perf_counter() - began)
 
     # ---- a lost worker (the lane's clock loop has stopped) --------------------------------
@@ -351,8 +367,7 @@ class Scheduler:
     def fail_evacuated(self, items: Sequence[tuple[WorkItem, str | None]],
                        error_for: Callable[[WorkItem], LoraplexError]) -> None:
         """Fail what `evacuate` took, each op with its own error."""
-        self.usage.add([self._done.deliver(Finished(item, error_for(item), 0.0, base_model))
-                        for item, base_model in items])
+        self._done.fail_unstarted((item, error_for(item), base_model) for item, base_model in items)
 
     def adopt(self, run: EvacuatedRun, restore: LoadWork, path: TinkerPath) -> None:
         """Take over a lost worker's run: its adapter is restored from ``restore`` (an op of

@@ -1,9 +1,10 @@
 """`SchedulerState`: the queue and residency state one scheduler's submitting, planning and
 finishing share, with the lock that guards it and the condition that announces changes.
 
-`Scheduler` builds it and hands it to `Completion` (and its planner); neither imports the
-other. Everything here is read and written only under `lock`: the methods below expect it held.
-It holds no policy: what to run next is `Planner`'s, what finishing does is `Completion`'s.
+`assembly.build_scheduler` builds it and hands it to the `Scheduler`, its `Planner` and its
+`Completion` (which imports neither of the others). Everything here is read and written only
+under `lock`: the methods below expect it held. It holds no policy: what to run next is
+`Planner`'s, what finishing does is `Completion`'s.
 """
 
 from __future__ import annotations

@@ -133,6 +133,12 @@ class RunMetricsStore:
         bucket = max(1, math.ceil((high - after_step) / max(1, max_points)))
         out = StepSeries(count, bucket, open_step=out.open_step)
         args = (after_step, bucket, model_id, series, after_step, high)
+        self._bucket_metrics(out, args, self._bucket_steps(out, args))
+        return out
+
+    def _bucket_steps(self, out: StepSeries, args: tuple[object, ...]) -> dict[int, int]:
+        """Fill ``out``'s points (``args``: after_step, bucket, model_id, series, after_step,
+        high); returns bucket number → point index."""
         index: dict[int, int] = {}
         for row in self._db.query(
                 "SELECT (step - ?1 - 1) / ?2 AS b, MAX(step) AS step, COUNT(*) AS n,"
@@ -144,6 +150,11 @@ class RunMetricsStore:
             out.counts.append(int(row["n"]))
             out.times.append(float(row["t"]))
             out.tokens.append(int(row["tokens"]))
+        return index
+
+    def _bucket_metrics(self, out: StepSeries, args: tuple[object, ...], index: dict[int, int]
+                        ) -> None:
+        """Fill ``out``'s metrics (means; minimum and maximum too when points are buckets)."""
         for row in self._db.query(
                 "SELECT name, (step - ?1 - 1) / ?2 AS b, AVG(value) AS mean, MIN(value) AS lo,"
                 " MAX(value) AS hi FROM run_step_metrics WHERE model_id = ?3 AND series = ?4"
@@ -153,10 +164,9 @@ class RunMetricsStore:
                 continue
             name = str(row["name"])
             for target, column in ((out.metrics, "mean"), (out.lows, "lo"), (out.highs, "hi")):
-                if bucket == 1 and target is not out.metrics:
+                if out.bucket == 1 and target is not out.metrics:
                     continue
                 target.setdefault(name, [None] * len(out.steps))[i] = _finite(row[column])
-        return out
 
     def _open_step(self, model_id: str, series: SeriesKind
                    ) -> tuple[int, dict[str, float | None]] | None:

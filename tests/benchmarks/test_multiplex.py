@@ -14,17 +14,19 @@ from tqdm import tqdm
 from benchmarks.harness.result import read_payload
 from benchmarks.harness.server_process import serve_fake
 from benchmarks.multiplex.__main__ import Settings, derive
-from benchmarks.multiplex.pool import TenantPool
+from benchmarks.multiplex.pool import tenant_pool
 from benchmarks.multiplex.report import figure
-from benchmarks.multiplex.run import RunSpec, Server, Snapshot, run_loop, summarize
+from benchmarks.multiplex.run import RunSpec, Snapshot, run_loop, summarize
 from benchmarks.multiplex.tenant import GrpoLoop, Job
+from benchmarks.multiplex.workload import Workload
 from loraplex.config import DEFAULT_MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_small_k_gets_more_timed_steps_and_single_sends_k_times_the_batch() -> None:
-    settings = Settings(sft_batch=2, seq_len=128, timed_steps=2, min_window_tokens=3072)
+    settings = Settings(workload=Workload(sft_batch=2, seq_len=128), timed_steps=2,
+                        min_window_tokens=3072)
     one, sixteen = settings.run_spec("sft", 1, "packed"), settings.run_spec("sft", 16, "packed")
     assert (one.timed_steps, sixteen.timed_steps) == (12, 2)  # 12 × 256 ≥ 3072; at least 2
     assert settings.run_spec("grpo", 16, "packed").timed_steps == 6  # GRPO's own floor
@@ -33,7 +35,7 @@ def test_small_k_gets_more_timed_steps_and_single_sends_k_times_the_batch() -> N
     assert single.tenant_job("http://h:1", "m", 0, "x")["batch"] == 32
     job = sixteen.tenant_job("http://h:1", "m", 5, "x")
     assert (job["batch"], job["seed"], job["timed_steps"]) == (2, 5, 2)
-    assert settings.tokens_per_tenant_step("grpo") == 1 * 4 * (48 + 16 - 1)
+    assert settings.workload.tokens_per_step("grpo") == 1 * 4 * (48 + 16 - 1)
 
 
 def test_grpo_datum_scores_only_the_completion() -> None:
@@ -62,7 +64,7 @@ def _cycle(at: float, engine_s: float, tenants: list[str]) -> dict[str, Any]:
 
 
 def test_window_counts_steps_finished_in_it_and_clips_engine_time() -> None:
-    spec = RunSpec("sft", 2, "packed", timed_steps=1, job={"batch": 1})
+    spec = RunSpec("sft", 2, "packed", timed_steps=1, workload=Workload(sft_batch=1))
     steps = [  # tenant 1 finishes its timed step at 110; tenant 0 fits an untimed one before
         {"worker": 0, "t0": 100.0, "t1": 104.0, "timed": True, "trained_tokens": 40,
          "sampled_tokens": 0},
@@ -107,11 +109,11 @@ def test_a_run_end_to_end_with_two_tenant_processes(tmp_path: Path, mode: str) -
                          timeout_s=120)
     pool = None
     try:
-        pool = TenantPool(2, tmp_path / "tenants")
-        settings = Settings(seq_len=8, prompt_len=6, max_tokens=3, timed_steps=2,
-                            min_window_tokens=0, vocab_limit=64)
+        pool = tenant_pool(2, tmp_path / "tenants")
+        settings = Settings(workload=Workload(seq_len=8, prompt_len=6, max_tokens=3,
+                                              vocab_limit=64), timed_steps=2, min_window_tokens=0)
         with tqdm(disable=True) as bar:
-            run = run_loop(pool, Server(process), settings.run_spec(mode, 2, "packed"), bar)
+            run = run_loop(pool, process, settings.run_spec(mode, 2, "packed"), bar)
     finally:
         if pool is not None:
             pool.close()

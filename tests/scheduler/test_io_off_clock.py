@@ -12,6 +12,7 @@ import pytest
 from loraplex.config import SchedulerConfig
 from loraplex.domain.results import PreparedAdapter, SaveResult
 from loraplex.domain.work import LoadWork, SaveWork
+from loraplex.scheduler.assembly import build_scheduler
 from loraplex.scheduler.clock import ClockLoop
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
@@ -48,7 +49,7 @@ def running(stores: Stores) -> Iterator[tuple[Scheduler, GatedToy]]:
     toy = GatedToy()
     futures = FutureStore(ttl_s=3600, journal=stores.futures)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
-    scheduler = Scheduler(toy, SchedulerConfig(), futures, effects, io=ThreadedIo(2))
+    scheduler = build_scheduler(toy, SchedulerConfig(), futures, effects, io=ThreadedIo(2))
     loop = ClockLoop(scheduler)
     loop.start()
     yield scheduler, toy

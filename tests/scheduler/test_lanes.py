@@ -15,6 +15,7 @@ from loraplex.domain.ops import LoadOp, WorkItem
 from loraplex.domain.results import AdapterMemory
 from loraplex.domain.work import LoadWork
 from loraplex.errors import LoraplexError, WorkerLostError
+from loraplex.scheduler.assembly import build_scheduler
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.lanes import Lanes
@@ -86,7 +87,7 @@ def pool(stores: Stores) -> Iterator[tuple[Lanes, list[MortalToy]]]:
         return toy
 
     def make_scheduler(executor: MortalToy) -> Scheduler:
-        return Scheduler(executor, SchedulerConfig(), futures, effects)
+        return build_scheduler(executor, SchedulerConfig(), futures, effects)
 
     make_scheduler.futures = futures  # type: ignore[attr-defined]
     lanes = Lanes(make_scheduler, stores.checkpoints, spawn)
@@ -273,8 +274,8 @@ def test_a_worker_computing_other_bits_is_flagged_and_a_dead_one_is_reported_los
     assert "no longer agree bitwise" in caplog.text and "gemm=torch" in caplog.text
     name, scheduler = lanes.schedulers()[0]
     assert worker_json(LaneView(scheduler, name, ["m"]))["compute"] == "toy"
-    dead = Scheduler(DeadToy(), SchedulerConfig(), FutureStore(ttl_s=60),
-                     Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences))
+    dead = build_scheduler(DeadToy(), SchedulerConfig(), FutureStore(ttl_s=60), Effects(
+        stores.runs, stores.checkpoints, stores.samplers, stores.sequences))
     lost = worker_json(LaneView(dead, "w9", ["m"]))
     assert lost["memory"] is None and "was lost" in lost["lost"]
 

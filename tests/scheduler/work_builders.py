@@ -13,6 +13,7 @@ from loraplex.domain.optim import AdamParams
 from loraplex.domain.sampling import SamplingParams
 from loraplex.domain.training_run import TrainingRun
 from loraplex.domain.work import ForwardBackwardWork, OptimStepWork, SampleWork
+from loraplex.scheduler.assembly import build_scheduler
 from loraplex.scheduler.effects import Effects
 from loraplex.scheduler.futures import FutureStore
 from loraplex.scheduler.io_workers import InlineIo
@@ -32,9 +33,10 @@ def make_scheduler(executor, stores: Stores, clock=None, **config) -> Scheduler:
     futures = FutureStore(ttl_s=3600, journal=stores.futures)
     effects = Effects(stores.runs, stores.checkpoints, stores.samplers, stores.sequences)
     if clock is None:
-        return Scheduler(executor, SchedulerConfig(**config), futures, effects, io=InlineIo())
-    return Scheduler(executor, SchedulerConfig(**config), futures, effects, clock=clock,
-                     io=InlineIo())
+        return build_scheduler(executor, SchedulerConfig(**config), futures, effects,
+                               io=InlineIo())
+    return build_scheduler(executor, SchedulerConfig(**config), futures, effects, clock=clock,
+                           io=InlineIo())
 
 
 class FakeClock:

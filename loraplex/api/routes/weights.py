@@ -20,6 +20,7 @@ from loraplex.api.submission import (
     json_slot,
     keeps_slot,
     new_request_id,
+    submit_json,
     submit_training,
 )
 from loraplex.domain import ids
@@ -35,25 +36,17 @@ router = APIRouter(prefix="/api/v1")
 
 @router.post("/save_weights")
 async def save_weights(request: Request, tenant: Tenant) -> dict[str, str]:
-    ctx, raw = await request_body(request)
-    slot = json_slot(ctx, tenant, raw)
-    return submit_training(ctx, tenant, slot, "SaveWeights", save_weights_op(ctx, slot, raw))
+    return await submit_json(request, tenant, "SaveWeights", save_weights_op)
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, tenant: Tenant) -> dict[str, str]:
-    ctx, raw = await request_body(request)
-    slot = json_slot(ctx, tenant, raw)
-    return submit_training(ctx, tenant, slot, "SaveWeightsForSampler",
-                           save_for_sampler_op(ctx, slot, raw))
+    return await submit_json(request, tenant, "SaveWeightsForSampler", save_for_sampler_op)
 
 
 @router.post("/save_weights_external")
 async def save_weights_external(request: Request, tenant: Tenant) -> dict[str, str]:
-    ctx, raw = await request_body(request)
-    slot = json_slot(ctx, tenant, raw)
-    return submit_training(ctx, tenant, slot, "SaveWeightsExternal",
-                           save_external_op(ctx, slot, raw))
+    return await submit_json(request, tenant, "SaveWeightsExternal", save_external_op)
 
 
 @keeps_slot

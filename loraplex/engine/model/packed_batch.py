@@ -148,28 +148,10 @@ def pack_sequences(
 
     row_start, tokens, positions, lora_rows = _lay_out_rows(seqs, row_multiple, device)
     num_rows = len(tokens)
-
-    # Block tables: the sequence's own, or consecutive scratch blocks.
-    tables: list[list[int]] = []
-    next_scratch = 0
-    for s in seqs:
-        if s.block_table is not None:
-            tables.append(list(s.block_table))
-        else:
-            n = -(-(s.num_cached + len(s.tokens)) // block_size)
-            tables.append(list(range(next_scratch, next_scratch + n)))
-            next_scratch += n
+    tables, next_scratch = _block_tables(seqs, block_size)
     width = max(len(t) for t in tables)
     block_tables = [[*t, *[0] * (width - len(t))] for t in tables]
-
-    # KV writes: every new token's row and cache slot.
-    write_rows, write_block, write_offset = [], [], []
-    for i, s in enumerate(seqs):
-        for j in range(len(s.tokens)):
-            pos = s.num_cached + j
-            write_rows.append(row_start[i] + j)
-            write_block.append(tables[i][pos // block_size])
-            write_offset.append(pos % block_size)
+    write_rows, write_block, write_offset = _kv_writes(seqs, row_start, tables, block_size)
 
     def tensor(values: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
@@ -197,6 +179,36 @@ def pack_sequences(
                             [s.num_cached for s in seqs], [len(s.tokens) for s in seqs],
                             device),
     )
+
+
+def _block_tables(seqs: Sequence[SequenceInput], block_size: int
+                  ) -> tuple[list[list[int]], int]:
+    """Each sequence's block table: its own, or consecutive scratch blocks (then also how many
+    scratch blocks there are)."""
+    tables: list[list[int]] = []
+    next_scratch = 0
+    for s in seqs:
+        if s.block_table is not None:
+            tables.append(list(s.block_table))
+        else:
+            n = -(-(s.num_cached + len(s.tokens)) // block_size)
+            tables.append(list(range(next_scratch, next_scratch + n)))
+            next_scratch += n
+    return tables, next_scratch
+
+
+def _kv_writes(seqs: Sequence[SequenceInput], row_start: Sequence[int],
+               tables: Sequence[Sequence[int]], block_size: int
+               ) -> tuple[list[int], list[int], list[int]]:
+    """Every new token's row, cache block and offset in the block (the KV writes)."""
+    write_rows, write_block, write_offset = [], [], []
+    for i, s in enumerate(seqs):
+        for j in range(len(s.tokens)):
+            pos = s.num_cached + j
+            write_rows.append(row_start[i] + j)
+            write_block.append(tables[i][pos // block_size])
+            write_offset.append(pos % block_size)
+    return write_rows, write_block, write_offset
 
 
 def _rope_positions(seqs: Sequence[SequenceInput], row_start: Sequence[int],

@@ -268,21 +268,11 @@ class ModelSpec:
         vision = vision_of(config) if fam.vision else None
         pixels = (PixelSpec.from_config(config["vision_config"], preprocessor)
                   if vision is not None else None)
-        if nested:  # a multimodal config: the text model's numbers
-            assert fam.text_config is not None
-            outer = {k: v for k, v in config.items() if k not in (fam.text_config,
-                                                                   "vision_config")}
-            config = {**outer, **config[fam.text_config]}
-            if "tie_word_embeddings" in outer:  # the model class's (outer) config ties
-                config["tie_word_embeddings"] = outer["tie_word_embeddings"]
+        if nested:
+            config = _text_config(config, fam)
         _refuse_unsupported(config, fam)
-        num_heads = int(config["num_attention_heads"])
-        num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
         hidden = int(config["hidden_size"])
-        head_dim = int(config.get("head_dim") or hidden // num_heads)
-        if num_heads % num_kv_heads:
-            raise user_error("config.num_key_value_heads",
-                             f"{num_kv_heads} does not divide num_attention_heads {num_heads}")
+        num_heads, num_kv_heads, head_dim = _heads(config, hidden)
         max_pos = int(config.get("max_position_embeddings", 2048))
         eos = _eos_ids(config, generation_config or {})
         bos = (generation_config or {}).get("bos_token_id", config.get("bos_token_id"))
@@ -341,6 +331,28 @@ def _family_of(config: Mapping[str, Any]) -> Family:
         known = sorted(t for f in FAMILIES.values() for t in f.model_types)
         raise user_error("config.model_type", f"unsupported {model_type!r}; supported: {known}")
     return found
+
+
+
+def _text_config(config: Mapping[str, Any], fam: Family) -> dict[str, Any]:
+    """A multimodal config's text-model numbers, with the outer config's other keys (and its
+    ``tie_word_embeddings``: the model class's outer config ties)."""
+    assert fam.text_config is not None
+    outer = {k: v for k, v in config.items() if k not in (fam.text_config, "vision_config")}
+    text = {**outer, **config[fam.text_config]}
+    if "tie_word_embeddings" in outer:
+        text["tie_word_embeddings"] = outer["tie_word_embeddings"]
+    return text
+
+
+def _heads(config: Mapping[str, Any], hidden: int) -> tuple[int, int, int]:
+    """``(num_heads, num_kv_heads, head_dim)``; the KV heads must divide the query heads."""
+    num_heads = int(config["num_attention_heads"])
+    num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
+    if num_heads % num_kv_heads:
+        raise user_error("config.num_key_value_heads",
+                         f"{num_kv_heads} does not divide num_attention_heads {num_heads}")
+    return num_heads, num_kv_heads, int(config.get("head_dim") or hidden // num_heads)
 
 
 def _refuse_unsupported(config: Mapping[str, Any], fam: Family) -> None:
