@@ -15,7 +15,11 @@ class EngineConfig:
 
     Attributes:
         device: ``cpu`` or ``cuda``; ``auto`` picks cuda when present.
-        dtype: compute dtype; ``auto`` is float32 on CPU and bfloat16 on CUDA.
+        dtype: ``auto``, ``float32``, ``bfloat16`` (``float16``). On CUDA the compute dtype
+            (``auto``: bfloat16). On a CPU the compute is float32 and this is what the packed
+            kernel's weights are held in: ``bfloat16`` halves their bytes (results are the
+            float32 engine's on the weights rounded to bfloat16), ``auto`` does so only where
+            no bit changes (the weights are bfloat16 values already, as in a bf16 checkpoint).
         max_lora_rank: largest rank a client may ask for.
         batch_invariant: pad GEMM rows and tile attention so a token's logprob does not depend
             on what else shares the batch, nor on decode vs full forward (bitwise).
