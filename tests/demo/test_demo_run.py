@@ -18,9 +18,11 @@ from loraplex.demo.config import DemoConfig
 RL_STEPS = DemoConfig().rl_steps
 DIMUON_SFT_STEPS = 80
 README = Path(__file__).resolve().parents[2] / "README.md"
-#: Pass-rate resolution (8 prompts × 32 samples); a quoted number may differ by one sample on
-#: a CPU whose kernels sum differently.
-TOLERANCE = 1 / 128
+#: Two samples of the SFT pass rate (8 prompts × 32 samples): a CPU whose kernels sum
+#: otherwise (AVX2 against AVX-512: the attention kernel's vector width, MKL's code paths)
+#: takes the run through other bits, and the README's numbers come from one machine; plus half
+#: a unit in the last of the three digits the README quotes.
+TOLERANCE = 2 / 256 + 0.0005
 
 
 @pytest.fixture(scope="module")
