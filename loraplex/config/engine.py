@@ -32,8 +32,13 @@ class EngineConfig:
             positions; `engine.sampling.kv_budget`).
         recompute: activation recomputation in training. ``layer``: keep each decoder
             layer's input only and recompute the layer's inside in the backward (the same
-            bits; on SmolLM2 a 8,192-token step's activations go from ~20 GB to ~1 GB);
-            ``none``: keep every activation.
+            bits; on SmolLM2 a 8,192-token step's activations go from ~20 GB to ~1 GB, and a
+            2,048-token step takes ~1.2× as long: one more forward); ``none``: keep every
+            activation; ``auto``: keep the activations of as many layers as
+            ``activation_memory`` holds (by the model's bytes per row and layer) and
+            recompute the others. The bits are the same in every mode.
+        activation_memory: bytes of kept activations a training forward may use with
+            ``recompute = auto`` (0: recompute every layer).
         max_context: longest sequence accepted (None: the model's own limit).
         num_threads: torch intra-op threads (None: torch's default).
         retain_host_memory: keep freed host memory in the process for the next step's tensors
@@ -76,7 +81,8 @@ class EngineConfig:
     kv_block_size: int = 64
     kv_cache_blocks: int | None = None
     kv_cache_memory: int | None = None
-    recompute: Literal["none", "layer"] = "layer"
+    recompute: Literal["auto", "none", "layer"] = "auto"
+    activation_memory: int = 4 << 30
     max_context: int | None = None
     num_threads: int | None = None
     retain_host_memory: bool = True
@@ -96,8 +102,11 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise user_error(name, f"must be at least 1, got {value}")
-        if self.recompute not in ("none", "layer"):
-            raise user_error("recompute", f"must be 'none' or 'layer', got {self.recompute!r}")
+        if self.recompute not in ("auto", "none", "layer"):
+            raise user_error("recompute",
+                             f"must be 'auto', 'none' or 'layer', got {self.recompute!r}")
+        if self.activation_memory < 0:
+            raise user_error("activation_memory", f"must be ≥ 0, got {self.activation_memory}")
         if self.sample_shared_decode_kv_tokens < 0:
             raise user_error("sample_shared_decode_kv_tokens",
                              f"must be ≥ 0 (0: off), got {self.sample_shared_decode_kv_tokens}")

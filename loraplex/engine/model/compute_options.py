@@ -15,7 +15,7 @@ import torch
 from loraplex.engine.kernels.attention_kernel import AttentionKernel
 from loraplex.engine.kernels.packed_linear import GemmKernel
 
-Recompute = Literal["none", "layer"]
+Recompute = Literal["auto", "none", "layer"]
 #: LoRA rank padding in batch-invariant mode: a GEMM's output width, where the row padding is
 #: its row count. MKL's sgemm gives a column other bits when the output is narrower than 16
 #: (`engine.lora.stacking`), so an r8 adapter pads to 16 whatever the row multiple.
@@ -41,7 +41,9 @@ class ComputeOptions:
         attention: the C paged-attention kernel for every attention forward (CPU); None:
             the tiled torch kernel's forward.
         recompute: ``layer``: a training forward keeps each layer's input only and recomputes
-            the layer in the backward; ``none``: it keeps every activation.
+            the layer in the backward; ``none``: it keeps every activation; ``auto``: it
+            keeps the activations of as many layers as ``activation_memory`` holds.
+        activation_memory: bytes of kept activations under ``auto``.
     """
 
     batch_invariant: bool = True
@@ -50,6 +52,7 @@ class ComputeOptions:
     gemm: GemmKernel | None = None
     attention: AttentionKernel | None = None
     recompute: Recompute = "layer"
+    activation_memory: int = 0
 
     @property
     def effective_row_multiple(self) -> int:

@@ -91,7 +91,8 @@ def compute_options(config: EngineConfig, spec: ModelSpec, device: torch.device,
             attention = None
     return ComputeOptions(batch_invariant=config.batch_invariant, row_multiple=multiple,
                           kv_block_size=config.kv_block_size, gemm=gemm, attention=attention,
-                          recompute=config.recompute)
+                          recompute=config.recompute,
+                          activation_memory=config.activation_memory)
 
 
 def base_inner_dims(spec: ModelSpec) -> tuple[int, ...]:

@@ -40,7 +40,12 @@ from loraplex.engine.model.dense_mlp import DenseMlp
 from loraplex.engine.model.image_encoder import ImageEncoder
 from loraplex.engine.model.image_rows import ImageSpan
 from loraplex.engine.model.kv_cache import PagedKVCache, scratch_pages
-from loraplex.engine.model.layer_recompute import output_slots, recomputed
+from loraplex.engine.model.layer_recompute import (
+    activation_bytes_per_row,
+    output_slots,
+    recomputed,
+    recomputed_layers,
+)
 from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttention
 from loraplex.engine.model.linear_attention_spec import LinearAttentionSpec
 from loraplex.engine.model.linear_states import LinearStates
@@ -81,6 +86,7 @@ class Transformer:
         first = weights.layers[0].input_norm
         self.device, self.dtype = first.device, first.dtype
         self.rope = RopeTable(spec.rope, spec.head_dim, self.device, self.dtype)
+        self._activation_row_bytes = activation_bytes_per_row(spec, first.element_size())
         # q/k/v as one GEMM; the layers' q/k/v fields become views of it.
         kernel = options.gemm
         self._fused = {i: fuse_projections(weights.layers[i]) for i in spec.attention_layers}
@@ -168,19 +174,19 @@ class Transformer:
         cos, sin = self._rope(batch)
         tokens = TokenRows.of(batch, lora) if self._sparse else None
         layout = next(iter(self._linear.values())).layout(batch) if self._linear else None
-        # Recomputation keeps each layer's input only; its backward reruns the layer (the same
+        # Recomputation keeps a layer's input only; its backward reruns the layer (the same
         # deterministic ops, so the same bits) to get the activations it needs.
-        if self.options.recompute == "layer" and kv is None and torch.is_grad_enabled():
-            slots = output_slots(x_R_D, len(self.weights.layers))
-            for i, slot in enumerate(slots):
-                x_R_D = recomputed(partial(self._layer, i, cos=cos, sin=sin, batch=batch,
-                                           lora=lora, kv=None, tokens=tokens, layout=layout),
-                                   x_R_D, self._lora_views(i, lora), slot)
-                x_R_D = self._deepstack(i, x_R_D, batch)
-        else:
-            for i in range(len(self.weights.layers)):
-                x_R_D = self._layer(i, x_R_D, cos, sin, batch, lora, kv, tokens, layout)
-                x_R_D = self._deepstack(i, x_R_D, batch)
+        training = kv is None and torch.is_grad_enabled()
+        recompute = (recomputed_layers(self.options, len(self.weights.layers),
+                                       self._activation_row_bytes, x_R_D.shape[0])
+                     if training else 0)
+        slots = output_slots(x_R_D, recompute)
+        for i in range(len(self.weights.layers)):
+            layer = partial(self._layer, i, cos=cos, sin=sin, batch=batch, lora=lora, kv=kv,
+                            tokens=tokens, layout=layout)
+            x_R_D = (recomputed(layer, x_R_D, self._lora_views(i, lora), slots[i])
+                     if i < recompute else layer(x_R_D))
+            x_R_D = self._deepstack(i, x_R_D, batch)
         if not self.spec.holds_head:
             return x_R_D
         assert self.weights.final_norm is not None
