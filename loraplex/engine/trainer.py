@@ -46,13 +46,16 @@ from loraplex.engine.optim.dimuon import dimuon_step
 from loraplex.engine.optim.optimizer_state import OptimizerState
 from loraplex.errors import LoraplexError, user_error
 
-#: A batch of at least this many tokens runs with blocks of `MAPPED_BLOCK_BYTES` or more
-#: mapped (`host_allocator.mapped_large_blocks`): on the retained heap, its layers' and head
-#: windows' blocks left holes that smaller allocations then split, so the heap grew well past
-#: the live bytes (SmolLM2 at 2 threads: 2,048 tokens peaked at 3.48 GB retained, 2.48 GB
-#: mapped, 66 s a step either way; 4,096 tokens: 3.76 GB with 32 MiB blocks mapped, 2.80 GB
-#: with 4 MiB, 209 s against 231 s). Shorter batches keep the retained heap, whose reuse saves
-#: their page faults.
+#: A batch of at least this many tokens that recomputes layers runs with blocks of
+#: `MAPPED_BLOCK_BYTES` or more mapped (`host_allocator.mapped_large_blocks`): on the retained
+#: heap, its recomputed layers' and head windows' blocks left holes that smaller allocations
+#: then split, so the heap grew well past the live bytes (SmolLM2 at 2 threads, every layer
+#: recomputed: 2,048 tokens peaked at 3.48 GB retained, 2.48 GB mapped, 66 s a step either
+#: way; 4,096 tokens: 3.76 GB with 32 MiB blocks mapped, 2.80 GB with 4 MiB, 209 s against
+#: 231 s). Every other batch keeps the retained heap, whose reuse saves its page faults: a
+#: SmolLM2 step of 2,048 tokens keeping its activations (``recompute = auto``) faulted 4.2 M
+#: pages mapped (12-15 s of system time on an AVX2 EPYC VM, 71-84 s a step under load)
+#: against none retained (37-40 s; peak 6.8 GB against 4.8 GB).
 MAPPED_BATCH_TOKENS = 2048
 MAPPED_BLOCK_BYTES = 4 << 20
 
@@ -162,7 +165,9 @@ class Trainer:
                               images=self.model.image_spans(d.images))
                 for p in prepared for d in p.work.data]
         any_training = any(p.is_training for p in prepared)
-        long_batch = sum(len(s.tokens) for s in seqs) >= MAPPED_BATCH_TOKENS
+        num_tokens = sum(len(s.tokens) for s in seqs)
+        long_batch = (num_tokens >= MAPPED_BATCH_TOKENS and any_training
+                      and self.model.recomputed_layers(num_tokens) > 0)
         with torch.set_grad_enabled(any_training), (
                 mapped_large_blocks(MAPPED_BLOCK_BYTES) if long_batch else nullcontext()):
             batch = self.model.pack(seqs)

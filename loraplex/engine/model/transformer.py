@@ -177,9 +177,7 @@ class Transformer:
         # Recomputation keeps a layer's input only; its backward reruns the layer (the same
         # deterministic ops, so the same bits) to get the activations it needs.
         training = kv is None and torch.is_grad_enabled()
-        recompute = (recomputed_layers(self.options, len(self.weights.layers),
-                                       self._activation_row_bytes, x_R_D.shape[0])
-                     if training else 0)
+        recompute = self.recomputed_layers(x_R_D.shape[0]) if training else 0
         slots = output_slots(x_R_D, recompute)
         for i in range(len(self.weights.layers)):
             layer = partial(self._layer, i, cos=cos, sin=sin, batch=batch, lora=lora, kv=kv,
@@ -191,6 +189,12 @@ class Transformer:
             return x_R_D
         assert self.weights.final_norm is not None
         return rms_norm(x_R_D, self.weights.final_norm, self.spec.rms_norm_eps)
+
+    def recomputed_layers(self, num_rows: int) -> int:
+        """How many (leading) decoder layers a training forward of ``num_rows`` rows
+        recomputes (`layer_recompute.recomputed_layers`)."""
+        return recomputed_layers(self.options, len(self.weights.layers),
+                                 self._activation_row_bytes, num_rows)
 
     def embed_rows(self, batch: PackedBatch) -> torch.Tensor:
         """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held); an
