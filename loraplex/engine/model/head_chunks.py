@@ -8,7 +8,8 @@ at most `rows_per_window` rows (a window's logits stay under `HEAD_WINDOW_BYTES`
 `target_logprobs` runs the head, the fp32 log-softmax and the gather window by window; in a
 training step each window runs without autograd and its backward recomputes that window's
 logits instead of storing them (`layer_recompute.recomputed`): one window's ``[rows, vocab]``
-alive at a time.
+alive at a time. Unless ``engine.recompute`` keeps them (``none``, or ``auto`` where they fit
+``engine.activation_memory``: `Transformer.recomputes_head`).
 
 Bits: a row's logits are the bits of the full-batch head (each window's rows padded to the row
 multiple, its LoRA deltas one GEMM per adapter segment: `LoraBatch.window`), and the
@@ -108,7 +109,8 @@ def target_logprobs(model: Transformer, hidden_R_D: torch.Tensor, lora: LoraBatc
         fn = partial(_window_logprobs, model, lora=window_lora, rows_n=rows_sorted[lo:hi] - start,
                      targets_n=targets_sorted[lo:hi])
         jobs.append((fn, hidden_windows[w], views if window_lora is not None else ()))
-    parts = [recomputed(fn, x, views) if train else fn(x) for fn, x, views in jobs]
+    recompute = train and model.recomputes_head(hidden_R_D.shape[0])
+    parts = [recomputed(fn, x, views) if recompute else fn(x) for fn, x, views in jobs]
     picked = torch.cat(parts) if parts else hidden_R_D.new_zeros(0, dtype=torch.float32)
     inverse_N = torch.empty_like(order_N)
     inverse_N[order_N] = torch.arange(order_N.numel(), device=order_N.device)

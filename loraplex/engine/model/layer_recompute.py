@@ -1,7 +1,8 @@
 """`recomputed`: run one decoder layer (or one head window) without keeping its activations;
 its backward runs it again (with autograd) from the saved input. `recomputed_layers`: how many
 layers a training forward recomputes (``engine.recompute``: all, none, or under ``auto`` those
-whose activations would not fit ``engine.activation_memory``, by `activation_bytes_per_row`).
+whose activations would not fit ``engine.activation_memory``, by `activation_bytes_per_row`);
+`recomputes_head`: whether it recomputes the output head's windows too.
 
 Why not ``torch.utils.checkpoint``: it gives the same arithmetic, but its forward still runs
 in grad mode and allocates the layer's output last, among the layer's just-freed temporaries,
@@ -50,6 +51,22 @@ def activation_bytes_per_row(spec: ModelSpec, itemsize: int) -> int:
                   + experts.shared_intermediate_size)
     attention = spec.q_size + 2 * spec.kv_size
     return itemsize * (8 * spec.hidden_size + 4 * mlp + 2 * attention)
+
+
+def recomputes_head(options: ComputeOptions, num_layers: int, row_bytes: int,
+                    num_rows: int, vocab_size: int) -> bool:
+    """Whether a training forward recomputes its output head's windows (`head_chunks`):
+    unless nothing is recomputed (``none``), or under ``auto`` the head's kept logits and
+    log-softmax (2 × rows × vocab × 4 B) fit ``activation_memory`` beside the layers kept."""
+    match options.recompute:
+        case "layer":
+            return True
+        case "none":
+            return False
+        case "auto":
+            kept = num_layers - recomputed_layers(options, num_layers, row_bytes, num_rows)
+            head = 2 * num_rows * vocab_size * 4
+            return kept * row_bytes * num_rows + head > options.activation_memory
 
 
 def recomputed_layers(options: ComputeOptions, num_layers: int, row_bytes: int,

@@ -45,6 +45,7 @@ from loraplex.engine.model.layer_recompute import (
     output_slots,
     recomputed,
     recomputed_layers,
+    recomputes_head,
 )
 from loraplex.engine.model.linear_attention import LINEAR_TARGETS, LinearAttention
 from loraplex.engine.model.linear_attention_spec import LinearAttentionSpec
@@ -195,6 +196,12 @@ class Transformer:
         recomputes (`layer_recompute.recomputed_layers`)."""
         return recomputed_layers(self.options, len(self.weights.layers),
                                  self._activation_row_bytes, num_rows)
+
+    def recomputes_head(self, num_rows: int) -> bool:
+        """Whether a training forward's output head recomputes its windows in the backward
+        (`layer_recompute.recomputes_head`)."""
+        return recomputes_head(self.options, len(self.weights.layers),
+                               self._activation_row_bytes, num_rows, self.spec.vocab_size)
 
     def embed_rows(self, batch: PackedBatch) -> torch.Tensor:
         """The batch's token embeddings ``[rows, hidden]`` (where the embedding is held); an

@@ -1,6 +1,7 @@
 """Recomputation (``engine.recompute``) changes memory and time, never a bit: training logprobs
-and LoRA gradients are bitwise equal with every layer recomputed, none, and ``auto`` keeping
-some; ``auto`` recomputes the layers whose activations do not fit ``activation_memory``."""
+and LoRA gradients are bitwise equal with every layer (and the head's windows) recomputed,
+none, and ``auto`` keeping some; ``auto`` recomputes the layers whose activations do not fit
+``activation_memory``, and the head's windows when they do not fit beside the layers kept."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from loraplex.config import EngineConfig
 from loraplex.domain.lora import LoraConfig
 from loraplex.engine.lora.bank import AdapterBank
 from loraplex.engine.model.compute_options import ComputeOptions
-from loraplex.engine.model.layer_recompute import activation_bytes_per_row, recomputed_layers
+from loraplex.engine.model.layer_recompute import (
+    activation_bytes_per_row,
+    recomputed_layers,
+    recomputes_head,
+)
 from loraplex.engine.model.loader import load_model
 from loraplex.engine.model.packed_batch import SequenceInput
 from loraplex.engine.model.spec import ModelSpec, RopeSpec
@@ -38,6 +43,16 @@ def test_auto_recomputes_the_layers_that_do_not_fit() -> None:
     assert recomputed_layers(ComputeOptions(recompute="auto"), 30, row, 1) == 30  # budget 0
     assert recomputed_layers(ComputeOptions(recompute="layer"), 30, row, 1) == 30
     assert recomputed_layers(ComputeOptions(recompute="none"), 30, row, 10**6) == 0
+
+
+def test_auto_keeps_the_head_windows_where_they_fit_beside_the_layers() -> None:
+    row, head = activation_bytes_per_row(SMOLLM2, 4), 2 * 2048 * 49152 * 4
+    fits = ComputeOptions(recompute="auto", activation_memory=30 * row * 2048 + head)
+    assert not recomputes_head(fits, 30, row, 2048, 49152)
+    tight = ComputeOptions(recompute="auto", activation_memory=30 * row * 2048 + head - 1)
+    assert recomputes_head(tight, 30, row, 2048, 49152)
+    assert recomputes_head(ComputeOptions(recompute="layer"), 30, row, 1, 49152)
+    assert not recomputes_head(ComputeOptions(recompute="none"), 30, row, 10**6, 49152)
 
 
 def train(model: Transformer, seqs: list[list[int]]) -> tuple[torch.Tensor, list[torch.Tensor]]:
