@@ -69,8 +69,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--shapes", default="fanout,batch,single")
     parser.add_argument("--llama-modes", default="llama_batched,llama_high",
                         help="llama.cpp's ways to sample, comma-separated")
-    parser.add_argument("--flash-attn", choices=("on", "off"), default="off",
-                        help="llama.cpp's flash attention (off: faster here, see the report)")
+    parser.add_argument("--no-fast", action="store_true",
+                        help="skip our fast mode (EngineConfig(batch_invariant=False))")
+    parser.add_argument("--flash-attn", choices=("on", "off"), default="on",
+                        help="llama.cpp's flash attention (on: what its default, auto, picks on "
+                             "a CPU)")
     parser.add_argument("--scratch-dir", type=Path, default=SCRATCH / "peers" / "llama_cpp")
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args()
@@ -94,21 +97,22 @@ def main() -> None:
     source = fetch_gguf("smollm2-135m", str(SCRATCH / "bench" / "smollm2"))
     gguf = ensure_exported(source, args.scratch_dir / "models", gguf_type)
     python = install.install(args.scratch_dir)
-    ours = Ours.load(model_dir, args.dtype)
-    plan = Plan.parse(args.shapes, args.modes, args.llama_modes)
+    plan = Plan.parse(args.shapes, args.modes, args.llama_modes, fast=not args.no_fast)
+    ours = {side: Ours.load(model_dir, args.dtype, batch_invariant=side == "ours")
+            for side in plan.sides if side.startswith("ours")}
     run = Run("llama_cpp")
     with LlamaCppPeer(python, gguf, args.threads, args.scratch_dir / "worker.log",
                       flash_attn=args.flash_attn == "on") as peer:
         info = peer.request({"op": "info"})
-        parity = check_parity(ours, peer, model_dir)
+        parity = check_parity(ours["ours"], peer, model_dir)
         measured = measure(ours, peer, plan, args.rounds)
     payload: dict[str, Any] = {
         "threads": args.threads, "cores": cores, "rounds": args.rounds,
         "dtype": args.dtype, "gguf_type": gguf_type, "gguf": str(gguf),
         "gguf_source": str(source), "model_label": LABELS["smollm2"],
-        "ours_config": {"batch_invariant": ours.config.batch_invariant,
-                        "native_kernels": ours.config.native_kernels,
-                        "kv_dtype": str(ours.model.dtype).removeprefix("torch.")},
+        "ours_config": {"batch_invariant": ours["ours"].config.batch_invariant,
+                        "native_kernels": ours["ours"].config.native_kernels,
+                        "kv_dtype": str(ours["ours"].model.dtype).removeprefix("torch.")},
         "llama_cpp": {**info, "install": install.install_record(args.scratch_dir)},
         "workloads": {name: dataclasses.asdict(w) for name, w in plan.workloads.items()},
         "parity": parity, **measured}

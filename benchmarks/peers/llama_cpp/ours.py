@@ -39,8 +39,10 @@ class Ours:
     bank: AdapterBank
 
     @classmethod
-    def load(cls, model_dir: Path, dtype: str) -> Ours:
-        config = EngineConfig(dtype=dtype, kv_cache_blocks=KV_CACHE_BLOCKS)
+    def load(cls, model_dir: Path, dtype: str, batch_invariant: bool = True) -> Ours:
+        """The engine's default configuration (batch-invariant), or its fast mode."""
+        config = EngineConfig(dtype=dtype, kv_cache_blocks=KV_CACHE_BLOCKS,
+                              batch_invariant=batch_invariant)
         model = load_model(model_dir, config)
         return cls(model_dir, config, model, AdapterBank(model.spec, model.device, max_rank=8))
 
@@ -89,6 +91,28 @@ class Ours:
         seq = result.sequences[0]
         return {"prompt_logprobs": list(result.prompt_logprobs)[1:],
                 "greedy_tokens": list(seq.tokens), "greedy_logprobs": list(seq.logprobs)}
+
+    def profile_decode(self, workload: Workload, batch: list[list[int]], steps: int = 16
+                       ) -> dict[str, Any]:
+        """Per-op CPU time of ``steps`` decode steps of ``workload`` (after its prefill and
+        4 steps): where one of our decode steps goes."""
+        from torch.profiler import ProfilerActivity, profile
+
+        sampler = self.sampler()
+        params = SamplingParams(max_tokens=workload.new_tokens, stop=StopCondition(use_eos=False),
+                                seed=0)
+        sampler.step([SampleWork(f"p{i}", None, None, array("q", p), workload.num_samples,
+                                 params) for i, p in enumerate(batch)], 4)
+        cpu0 = time.process_time()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            sampler.step([], steps)
+        cpu_ms = 1e3 * (time.process_time() - cpu0) / steps
+        ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        return {"sequences": workload.num_sequences, "decode_steps": steps,
+                "cpu_ms_per_step": cpu_ms,
+                "torch_ops_ms_per_step": sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
+                "top_ops_ms_per_step": {e.key: round(e.self_cpu_time_total / 1e3 / steps, 2)
+                                        for e in ops[:8]}}
 
     @staticmethod
     def _collect(outcomes: list[Any], results: dict[str, SampleResult]) -> None:

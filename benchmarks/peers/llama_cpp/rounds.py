@@ -4,6 +4,7 @@ within a round and fresh prompts each round."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.base_gemms import sampling_floor
 from benchmarks.peers.llama_cpp.ours import Ours
 from benchmarks.peers.llama_cpp.peer import LlamaCppPeer
 from benchmarks.peers.llama_cpp.summary import (
@@ -27,7 +29,6 @@ from benchmarks.peers.llama_cpp.workload import TEMPERATURES, WORKLOADS, Workloa
 PARITY_TEXT = ("Summarise in one sentence why the sky is blue, then list three colours of a "
                "rainbow.")
 PARITY_NEW_TOKENS = 32
-SIDES = ("ours", *LLAMA_MODES)
 
 
 @dataclass(frozen=True)
@@ -36,25 +37,26 @@ class Plan:
 
     workloads: dict[str, Workload]
     modes: tuple[str, ...]
-    llama_modes: tuple[str, ...]
+    sides: tuple[str, ...]
 
     @classmethod
-    def parse(cls, shapes: str, modes: str, llama_modes: str) -> Plan:
-        """From comma-separated names.
+    def parse(cls, shapes: str, modes: str, llama_modes: str, fast: bool = True) -> Plan:
+        """From comma-separated names; ``fast``: our fast mode runs too.
 
         Raises:
             ValueError: an unknown name.
         """
         chosen = {name: _known(name, WORKLOADS) for name in shapes.split(",")}
+        ours = ("ours", "ours_fast") if fast else ("ours",)
         return cls({name: WORKLOADS[name] for name in chosen},
                    tuple(_known(m, TEMPERATURES) for m in modes.split(",")),
-                   tuple(_known(m, LLAMA_MODES) for m in llama_modes.split(",")))
+                   (*ours, *(_known(m, LLAMA_MODES) for m in llama_modes.split(","))))
 
     def entries(self) -> Iterator[tuple[str, Workload, float, str]]:
         """(run name, workload, temperature, side) in the order a round runs them."""
         for shape, workload in self.workloads.items():
             for mode in self.modes:
-                for side in ("ours", *self.llama_modes):
+                for side in self.sides:
                     yield f"{shape}/{mode}/{side}", workload, TEMPERATURES[mode], side
 
 
@@ -64,21 +66,23 @@ def _known(name: str, known: Any) -> str:
     return name
 
 
-def run_side(ours: Ours, peer: LlamaCppPeer, side: str, workload: Workload,
+def run_side(ours: dict[str, Ours], peer: LlamaCppPeer, side: str, workload: Workload,
              batch: list[list[int]], temperature: float, seed: int) -> dict[str, Any]:
-    """One run of ``workload`` on ``side`` (``ours`` or a llama.cpp mode): the raw record."""
-    if side == "ours":
-        return ours.run(workload, batch, temperature, seed)
+    """One run of ``workload`` on ``side`` (one of ``ours``, a llama.cpp mode): the raw
+    record."""
+    if side in ours:
+        return ours[side].run(workload, batch, temperature, seed)
     return peer.request({"op": "run", "mode": side.removeprefix("llama_"), "prompts": batch,
                          "num_samples": workload.num_samples,
                          "new_tokens": workload.new_tokens, "temperature": temperature,
                          "seed": seed})
 
 
-def measure(ours: Ours, peer: LlamaCppPeer, plan: Plan, rounds: int) -> dict[str, Any]:
+def measure(ours: dict[str, Ours], peer: LlamaCppPeer, plan: Plan, rounds: int
+            ) -> dict[str, Any]:
     """Warm-up (every entry once, 4 new tokens, untimed), then ``rounds`` interleaved rounds;
     the payload's ``runs``, ``ratio_vs_llama_cpp`` and the rest."""
-    vocab = ours.model.spec.vocab_size
+    vocab = ours["ours"].model.spec.vocab_size
     entries = list(plan.entries())
     for _, workload, temperature, side in tqdm(entries, desc="warm-up"):
         short = replace(workload, new_tokens=4)
@@ -97,6 +101,12 @@ def measure(ours: Ours, peer: LlamaCppPeer, plan: Plan, rounds: int) -> dict[str
     by_mode = {mode: ratios(runs, mode) for mode in plan.modes}
     headline = "sample" if "sample" in plan.modes else plan.modes[0]
     single = plan.workloads.get("single")
+    profiles = {f"{shape}/{side}": ours[side].profile_decode(w, prompts(w, 7, vocab))
+                for side in ours for shape, w in plan.workloads.items()
+                if shape != "batch"}
+    floors = {f"{shape}/{side}": gemm_floor(ours[side], w, runs, f"{shape}/{headline}",
+                                            by_mode[headline][shape]["llama_cpp_best"], side)
+              for side in ours for shape, w in plan.workloads.items()}
     return {
         "headline_mode": headline,
         "ratio_vs_llama_cpp": {shape: v["ratio"] for shape, v in by_mode[headline].items()},
@@ -107,7 +117,23 @@ def measure(ours: Ours, peer: LlamaCppPeer, plan: Plan, rounds: int) -> dict[str
                              for name, tokens in greedy_tokens.items() if name != ours_name(name)},
         "runs": runs,
         "records": records,
+        "ours_decode_profile": profiles,
+        "gemm_floor": floors,
     }
+
+
+def gemm_floor(ours: Ours, workload: Workload, runs: dict[str, dict[str, Any]], prefix: str,
+               llama_side: str, side: str) -> dict[str, float]:
+    """``workload``'s base-model GEMMs alone as our model runs them (`sampling_floor`: each
+    prompt's prefill, then ``new_tokens - 1`` decode steps, rows padded as the mode pads them),
+    CPU seconds, against the faster llama.cpp mode's and ours' median CPU seconds."""
+    def cpu(name: str) -> float:
+        return statistics.median(runs[f"{prefix}/{name}"]["cpu_seconds"])
+
+    shape = (workload.num_prompts, workload.prompt_len, workload.num_samples,
+             workload.new_tokens)
+    floor = sampling_floor(ours.model, shape, cpu(llama_side), cpu(side))
+    return {**floor, "llama_cpp_side": llama_side}
 
 
 def ours_name(name: str) -> str:
@@ -117,7 +143,9 @@ def ours_name(name: str) -> str:
 
 def check_parity(ours: Ours, peer: LlamaCppPeer, model_dir: Path) -> dict[str, Any]:
     """Both sides on one chat prompt (the same ids): teacher-forced prompt logprobs and a
-    greedy continuation, llama.cpp with an F32 and with its default F16 KV cache."""
+    greedy continuation; llama.cpp ``exact`` (F32 KV cache, flash attention off: the weights
+    alone differ, and they do not) and as the timed runs run it (F16 KV, flash attention as
+    configured)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -127,8 +155,8 @@ def check_parity(ours: Ours, peer: LlamaCppPeer, model_dir: Path) -> dict[str, A
     mine = ours.parity(ids, PARITY_NEW_TOKENS)
     out: dict[str, Any] = {"prompt": PARITY_TEXT, "prompt_tokens": len(ids),
                            "greedy_text_ours": tokenizer.decode(mine["greedy_tokens"])}
-    for kv_f32 in (True, False):
+    for exact in (True, False):
         theirs = peer.request({"op": "parity", "prompt": ids, "new_tokens": PARITY_NEW_TOKENS,
-                               "kv_f32": kv_f32})
-        out["kv_f32" if kv_f32 else "kv_f16"] = parity(mine, theirs)
+                               "exact": exact})
+        out["exact" if exact else "as_timed"] = parity(mine, theirs)
     return out

@@ -13,6 +13,8 @@ from typing import Any
 #: llama.cpp's two ways to sample (`worker.py`): the high-level API one sequence at a time,
 #: the low-level API batching every sequence.
 LLAMA_MODES = ("llama_batched", "llama_high")
+#: Our engine in its default configuration (batch-invariant) and in its fast mode.
+OUR_SIDES = ("ours", "ours_fast")
 #: ≥ these: ours ÷ the faster llama.cpp mode (median tok/s), temperature-1 sampling.
 GOALS = {"fanout": 1.5, "batch": 1.0}
 
@@ -45,17 +47,19 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios(runs: dict[str, dict[str, Any]], mode: str) -> dict[str, Any]:
-    """Per shape measured in ``mode``: ours' median tok/s ÷ the faster llama.cpp mode's, which
-    mode that was, and each side's tok/s."""
+    """Per shape measured in ``mode``: ours' median tok/s (the default configuration) ÷ the
+    faster llama.cpp mode's, which mode that was, each side's tok/s, and the same ratio for
+    our fast mode where it ran."""
     out: dict[str, Any] = {}
-    shapes = sorted({name.split("/")[0] for name in runs if name.split("/")[1] == mode})
+    shapes = dict.fromkeys(name.split("/")[0] for name in runs if name.split("/")[1] == mode)
     for shape in shapes:
-        ours = runs[f"{shape}/{mode}/ours"]["tok_s_median"]
-        theirs = {m: runs[f"{shape}/{mode}/{m}"]["tok_s_median"] for m in LLAMA_MODES
-                  if f"{shape}/{mode}/{m}" in runs}
-        best = max(theirs, key=lambda m: theirs[m])
-        out[shape] = {"ratio": ours / theirs[best], "ours_tok_s": ours, "llama_cpp_best": best,
-                      **{f"{m}_tok_s": v for m, v in theirs.items()}}
+        tok_s = {side: runs[f"{shape}/{mode}/{side}"]["tok_s_median"]
+                 for side in OUR_SIDES + LLAMA_MODES if f"{shape}/{mode}/{side}" in runs}
+        best = max((m for m in LLAMA_MODES if m in tok_s), key=lambda m: tok_s[m])
+        out[shape] = {"ratio": tok_s["ours"] / tok_s[best], "llama_cpp_best": best,
+                      **{f"{side}_tok_s": v for side, v in tok_s.items()}}
+        if "ours_fast" in tok_s:
+            out[shape]["ratio_fast"] = tok_s["ours_fast"] / tok_s[best]
     return out
 
 
@@ -63,7 +67,7 @@ def latency(runs: dict[str, dict[str, Any]], mode: str, new_tokens: int,
             shape: str = "single") -> dict[str, Any]:
     """Single-stream latency of each side: time to first token, ms per later token, tok/s."""
     out = {}
-    for side in ("ours", *LLAMA_MODES):
+    for side in OUR_SIDES + LLAMA_MODES:
         s = runs.get(f"{shape}/{mode}/{side}")
         if s is not None:
             out[side] = {"first_token_ms": s["first_token_ms_median"],

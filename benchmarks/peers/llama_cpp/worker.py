@@ -57,13 +57,15 @@ class Worker:
                 "n_vocab": self.n_vocab, "threads": self.threads,
                 "flash_attn": self.flash_attn, "kv_cache_type": "f16 (llama.cpp's default)"}
 
-    def context(self, num_seqs: int, per_seq: int, n_batch: int, kv_f32: bool = False,
-                all_outputs: bool = False) -> Any:
+    def context(self, num_seqs: int, per_seq: int, n_batch: int, exact: bool = False) -> Any:
         """A context for ``num_seqs`` sequences of up to ``per_seq`` positions each (a KV
         stream per sequence: llama.cpp's default, non-unified cache), made once per shape (a
-        warm-up's shorter run reuses its run's context)."""
+        warm-up's shorter run reuses its run's context). ``exact``: an F32 KV cache, flash
+        attention off (it rounds Q, K and V to F16 on a CPU) and every position's logits, for
+        the parity check; otherwise llama.cpp's defaults (F16 KV) and the worker's flash
+        attention setting."""
         per_seq = -(-per_seq // 256) * 256  # llama.cpp pads a stream to this anyway
-        key = (num_seqs, per_seq, n_batch, kv_f32, all_outputs)
+        key = (num_seqs, per_seq, n_batch, exact)
         if key not in self._contexts:
             lib = self.lib
             params = lib.llama_context_default_params()
@@ -71,12 +73,12 @@ class Worker:
             params.n_batch = n_batch
             params.n_seq_max = num_seqs
             params.n_threads = params.n_threads_batch = self.threads
-            params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
+            params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                                      if self.flash_attn and not exact
                                       else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-            if all_outputs:
-                params.n_outputs_max_per_seq = 0  # every prompt position's logits
-            if kv_f32:
+            if exact:
                 params.type_k = params.type_v = lib.GGML_TYPE_F32
+                params.n_outputs_max_per_seq = 0  # every prompt position's logits
             ctx = lib.llama_init_from_model(self.model, params)
             if not ctx:
                 raise RuntimeError(f"llama_init_from_model failed for {key}")
@@ -162,12 +164,12 @@ class Worker:
 
     # ---- the parity check -----------------------------------------------------------------
 
-    def parity(self, prompt: list[int], new_tokens: int, kv_f32: bool) -> dict[str, Any]:
+    def parity(self, prompt: list[int], new_tokens: int, exact: bool) -> dict[str, Any]:
         """Teacher-forced logprob of every prompt token after the first, then a greedy
         continuation with each chosen token's logprob (fp64 log-softmax of llama.cpp's
-        logits)."""
+        logits); ``exact``: see `context`."""
         lib = self.lib
-        ctx = self.context(1, len(prompt) + new_tokens, len(prompt), kv_f32, all_outputs=True)
+        ctx = self.context(1, len(prompt) + new_tokens, len(prompt), exact)
         lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
         batch = lib.llama_batch_init(len(prompt), 0, 1)
         try:
@@ -237,7 +239,7 @@ def main() -> None:
     ops = {"info": lambda r: worker.info(),
            "run": lambda r: (worker.run_high if r["mode"] == "high" else worker.run_batched)(
                r["prompts"], r["num_samples"], r["new_tokens"], r["temperature"], r["seed"]),
-           "parity": lambda r: worker.parity(r["prompt"], r["new_tokens"], r["kv_f32"])}
+           "parity": lambda r: worker.parity(r["prompt"], r["new_tokens"], r["exact"])}
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
