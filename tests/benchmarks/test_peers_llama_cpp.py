@@ -156,7 +156,8 @@ def _result() -> Result:
         "threads": 1, "cores": [0], "rounds": 3, "dtype": "float32", "gguf_type": "f32",
         "gguf": "/x/SmolLM2.F32.gguf", "gguf_source": "/x/SmolLM2.Q4_1.gguf",
         "model_label": "SmolLM2-135M-Instruct (Llama)",
-        "ours_config": {"batch_invariant": True, "native_kernels": True, "kv_dtype": "float32"},
+        "ours_config": {"batch_invariant": True, "native_kernels": True, "kv_dtype": "float32",
+                        "row_multiple": 8},
         "llama_cpp": {"llama_cpp_python": "0.3.36", "system_info": "AVX2 = 1", "n_vocab": 49152,
                       "threads": 1, "flash_attn": False, "kv_cache_type": "f16",
                       "install": {"cmake_flags": ["-DGGML_NATIVE=ON"]}},
@@ -168,21 +169,39 @@ def _result() -> Result:
         "single_stream": {"sample": {"ours": {"first_token_ms": 100.0, "per_token_ms": 30.0,
                                               "tok_s": 32.0, "new_tokens": 128}}},
         "greedy_agreement": {}, "runs": runs, "records": {},
+        "gemm_floor": {"single/ours": {"prefill_s": 0.5, "decode_step_s": 0.056, "floor_s": 7.6,
+                                       "ours_above_floor_s": 2.4, "max_ratio": 0.5,
+                                       "llama_cpp_side": "llama_high"},
+                       "single/ours_fast": {"prefill_s": 0.5, "decode_step_s": 0.038,
+                                            "floor_s": 5.3, "ours_above_floor_s": 1.7,
+                                            "max_ratio": 0.75, "llama_cpp_side": "llama_high"}},
+        "ours_profile": {"single/ours": {
+            "sequences": 1, "prompt_tokens": 128, "decode_steps": 16,
+            "prefill": {"cpu_ms": 700.0, "packed_sgemm_ms": 550.0, "attention_kernel_ms": 70.0,
+                        "other_ms": 80.0},
+            "decode": {"cpu_ms": 72.5, "packed_sgemm_ms": 51.0, "attention_kernel_ms": 2.5,
+                       "other_ms": 19.0}}},
     }
     reading = Reading("2026-01-01 00:00:00", (1.0, 1.0, 1.0), None)
     return Result("llama_cpp_smollm2", "SmolLM2", "abc123", Machine("cpu", 2, 2), reading,
                   reading, 600.0, payload)
 
 
-def test_report_renders_the_ratios_latency_and_time_split() -> None:
+def test_report_renders_ratios_latency_time_split_profile_and_findings() -> None:
     text = markdown(_result())
     assert text.startswith("# llama.cpp side by side: SmolLM2-135M-Instruct, ours float32 vs "
                            "F32 GGUF")
-    assert "| fanout | sample | 512.0 | — | 256.0 | 64.0 | **2.00** (vs batched) | ≥ 1.5 | — |" in text
+    assert ("| fanout | sample | 512.0 | — | 256.0 | 64.0 | **2.00** (vs batched) | ≥ 1.5 | "
+            "2.00 | — |") in text
     assert "**0.50** (vs high)" in text
     assert "| sample | **ours** (loraplex sampler, default: batch-invariant) | 100 | 30.0 | " \
         "32.0 |" in text
     assert "Where the time goes" in text and "| 2.00e-05 |" in text
+    assert "| single/ours (1 seq.) | 700 | 550 | 70 | 80 | 72.5 | 51.0 | 2.5 | 19.0 |" in text
+    assert "| single/ours_fast | 0.50 | 38.0 | 5.30 | 7.00 | 3.97 | 0.75 |" in text
+    assert "- **fanout**: ours wins: ours 512.0 tok/s, llama.cpp batched 256.0 tok/s" in text
+    assert "- **single**: llama.cpp wins" in text
+    assert "56 ms per step padded, 38 ms at one row" in text
 
 
 @pytest.mark.skipif(not install.is_installed(), reason="llama.cpp venv not built (run the "

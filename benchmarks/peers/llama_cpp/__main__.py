@@ -12,8 +12,10 @@ prompts × 128 tokens × G = 8 samples × 64 new, ``batch`` 8 × 128 × G = 1 ×
 ``Llama`` one sequence at a time, and its own multi-sequence batching through the low-level
 API; ``ratio_vs_llama_cpp`` per shape divides our median tok/s by the faster of the two.
 
-Ours: the engine's default configuration (batch-invariant, its C kernels), ``--dtype`` passed
-to ``EngineConfig(dtype=...)``. llama.cpp: an F32 GGUF holding bit for bit the fp32 weights
+Ours: the engine's default configuration (batch-invariant, its C kernels), and its fast mode
+(``batch_invariant=False``) beside it; ``--dtype`` passed to ``EngineConfig(dtype=...)``. After
+the rounds, our prefill and decode step are profiled (packed sgemm, attention kernel, rest) and
+our base-GEMM floor is measured per shape, for the report's "where llama.cpp wins, and why". llama.cpp: an F32 GGUF holding bit for bit the fp32 weights
 ours loads (`gguf_export.py`; ``--gguf-type`` defaults to match ``--dtype``), checked at the
 start of every run: teacher-forced logprobs and greedy continuation of a chat prompt on both
 sides. Writes ``benchmarks/results/llama_cpp_smollm2.{json,md}`` (``_bf16``/``_f16`` suffix
@@ -112,7 +114,8 @@ def main() -> None:
         "gguf_source": str(source), "model_label": LABELS["smollm2"],
         "ours_config": {"batch_invariant": ours["ours"].config.batch_invariant,
                         "native_kernels": ours["ours"].config.native_kernels,
-                        "kv_dtype": str(ours["ours"].model.dtype).removeprefix("torch.")},
+                        "kv_dtype": str(ours["ours"].model.dtype).removeprefix("torch."),
+                        "row_multiple": ours["ours"].model.options.effective_row_multiple},
         "llama_cpp": {**info, "install": install.install_record(args.scratch_dir)},
         "workloads": {name: dataclasses.asdict(w) for name, w in plan.workloads.items()},
         "parity": parity, **measured}

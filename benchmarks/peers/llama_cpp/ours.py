@@ -10,6 +10,8 @@ over).
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import time
 from array import array
 from dataclasses import dataclass, replace
@@ -92,30 +94,50 @@ class Ours:
         return {"prompt_logprobs": list(result.prompt_logprobs)[1:],
                 "greedy_tokens": list(seq.tokens), "greedy_logprobs": list(seq.logprobs)}
 
-    def profile_decode(self, workload: Workload, batch: list[list[int]], steps: int = 16
-                       ) -> dict[str, Any]:
-        """Per-op CPU time of ``steps`` decode steps of ``workload`` (after its prefill and
-        4 steps): where one of our decode steps goes."""
-        from torch.profiler import ProfilerActivity, profile
-
-        sampler = self.sampler()
+    def profile(self, workload: Workload, batch: list[list[int]], steps: int = 16
+                ) -> dict[str, Any]:
+        """Where our time goes on ``workload``: its prefill step (every prompt, and the first
+        tokens) and ``steps`` decode steps after 4, each timed once as is (CPU ms) and once
+        under cProfile, whose shares split it into the packed sgemm (base linears and head),
+        the C attention kernel and the rest (norms, RoPE, KV writes, sampling, Python)."""
         params = SamplingParams(max_tokens=workload.new_tokens, stop=StopCondition(use_eos=False),
                                 seed=0)
-        sampler.step([SampleWork(f"p{i}", None, None, array("q", p), workload.num_samples,
-                                 params) for i, p in enumerate(batch)], 4)
-        cpu0 = time.process_time()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            sampler.step([], steps)
-        cpu_ms = 1e3 * (time.process_time() - cpu0) / steps
-        ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-        return {"sequences": workload.num_sequences, "decode_steps": steps,
-                "cpu_ms_per_step": cpu_ms,
-                "torch_ops_ms_per_step": sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
-                "top_ops_ms_per_step": {e.key: round(e.self_cpu_time_total / 1e3 / steps, 2)
-                                        for e in ops[:8]}}
+        works = [SampleWork(f"p{i}", None, None, array("q", p), workload.num_samples, params)
+                 for i, p in enumerate(batch)]
+        out = {}
+        for part, (admit, count) in {"prefill": (works, 0), "decode": ([], steps)}.items():
+            timed, profiled = self.sampler(), self.sampler()
+            if part == "decode":
+                timed.step(works, 4)
+                profiled.step(works, 4)
+            cpu0 = time.process_time()
+            timed.step(admit, count)
+            cpu_ms = 1e3 * (time.process_time() - cpu0) / max(count, 1)
+            profiler = cProfile.Profile()
+            profiler.runcall(profiled.step, admit, count)
+            out[part] = {"cpu_ms": cpu_ms, **split_profile(profiler, cpu_ms)}
+        return {"sequences": workload.num_sequences, "prompt_tokens": sum(map(len, batch)),
+                "decode_steps": steps, **out}
 
     @staticmethod
     def _collect(outcomes: list[Any], results: dict[str, SampleResult]) -> None:
         for request_id, outcome in outcomes:
             assert isinstance(outcome, SampleResult), outcome
             results[request_id] = outcome
+
+
+#: Source files whose functions' own time is one part of a step (cProfile's tottime of the
+#: Python function that calls into the C kernel is the kernel's time).
+PROFILE_PARTS = {"packed_sgemm": "kernels/packed_linear.py",
+                 "attention_kernel": "kernels/attention_kernel.py"}
+
+
+def split_profile(profiler: cProfile.Profile, cpu_ms: float) -> dict[str, float]:
+    """``cpu_ms`` split in the shares the profile gives `PROFILE_PARTS` and the rest."""
+    stats = pstats.Stats(profiler).stats
+    total = sum(entry[2] for entry in stats.values()) or 1.0
+    parts = {name: sum(entry[2] for key, entry in stats.items() if key[0].endswith(suffix))
+             for name, suffix in PROFILE_PARTS.items()}
+    out = {f"{name}_ms": cpu_ms * seconds / total for name, seconds in parts.items()}
+    out["other_ms"] = cpu_ms - sum(out.values())
+    return out

@@ -80,8 +80,9 @@ def run_side(ours: dict[str, Ours], peer: LlamaCppPeer, side: str, workload: Wor
 
 def measure(ours: dict[str, Ours], peer: LlamaCppPeer, plan: Plan, rounds: int
             ) -> dict[str, Any]:
-    """Warm-up (every entry once, 4 new tokens, untimed), then ``rounds`` interleaved rounds;
-    the payload's ``runs``, ``ratio_vs_llama_cpp`` and the rest."""
+    """Warm-up (every entry once, 4 new tokens, untimed), then ``rounds`` interleaved rounds,
+    then our decode-step profiles and GEMM floors; the payload's ``runs``,
+    ``ratio_vs_llama_cpp`` and the rest."""
     vocab = ours["ours"].model.spec.vocab_size
     entries = list(plan.entries())
     for _, workload, temperature, side in tqdm(entries, desc="warm-up"):
@@ -97,16 +98,18 @@ def measure(ours: dict[str, Ours], peer: LlamaCppPeer, plan: Plan, rounds: int
             records.setdefault(name, []).append(run_record(raw))
             if r == 0 and temperature == 0:
                 greedy_tokens[name] = raw["tokens"]
+    return analyse(ours, plan, records, greedy_tokens)
+
+
+def analyse(ours: dict[str, Ours], plan: Plan, records: dict[str, list[dict[str, Any]]],
+            greedy_tokens: dict[str, list[list[int]]]) -> dict[str, Any]:
+    """The rounds' numbers (`summary`), plus our profile (prefill and decode step) and
+    base-GEMM floor per shape, measured now, apart from the rounds."""
+    vocab = ours["ours"].model.spec.vocab_size
     runs = {name: summarize(recs) for name, recs in records.items()}
     by_mode = {mode: ratios(runs, mode) for mode in plan.modes}
     headline = "sample" if "sample" in plan.modes else plan.modes[0]
     single = plan.workloads.get("single")
-    profiles = {f"{shape}/{side}": ours[side].profile_decode(w, prompts(w, 7, vocab))
-                for side in ours for shape, w in plan.workloads.items()
-                if shape != "batch"}
-    floors = {f"{shape}/{side}": gemm_floor(ours[side], w, runs, f"{shape}/{headline}",
-                                            by_mode[headline][shape]["llama_cpp_best"], side)
-              for side in ours for shape, w in plan.workloads.items()}
     return {
         "headline_mode": headline,
         "ratio_vs_llama_cpp": {shape: v["ratio"] for shape, v in by_mode[headline].items()},
@@ -117,8 +120,12 @@ def measure(ours: dict[str, Ours], peer: LlamaCppPeer, plan: Plan, rounds: int
                              for name, tokens in greedy_tokens.items() if name != ours_name(name)},
         "runs": runs,
         "records": records,
-        "ours_decode_profile": profiles,
-        "gemm_floor": floors,
+        "ours_profile": {f"{shape}/{side}": ours[side].profile(w, prompts(w, 7, vocab))
+                         for side in ours for shape, w in plan.workloads.items()},
+        "gemm_floor": {f"{shape}/{side}": gemm_floor(
+                           ours[side], w, runs, f"{shape}/{headline}",
+                           by_mode[headline][shape]["llama_cpp_best"], side)
+                       for side in ours for shape, w in plan.workloads.items()},
     }
 
 

@@ -48,18 +48,24 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def ratios(runs: dict[str, dict[str, Any]], mode: str) -> dict[str, Any]:
     """Per shape measured in ``mode``: ours' median tok/s (the default configuration) ÷ the
-    faster llama.cpp mode's, which mode that was, each side's tok/s, and the same ratio for
-    our fast mode where it ran."""
+    faster llama.cpp mode's, which mode that was, each side's tok/s, the same in tokens per
+    CPU-second (``ratio_cpu``: with one thread each, the compute a run needed, less sensitive
+    to other load on a shared machine), and both for our fast mode where it ran."""
     out: dict[str, Any] = {}
     shapes = dict.fromkeys(name.split("/")[0] for name in runs if name.split("/")[1] == mode)
     for shape in shapes:
         tok_s = {side: runs[f"{shape}/{mode}/{side}"]["tok_s_median"]
                  for side in OUR_SIDES + LLAMA_MODES if f"{shape}/{mode}/{side}" in runs}
+        per_cpu = {side: runs[f"{shape}/{mode}/{side}"]["tok_per_cpu_s_median"]
+                   for side in tok_s}
         best = max((m for m in LLAMA_MODES if m in tok_s), key=lambda m: tok_s[m])
+        best_cpu = max((m for m in LLAMA_MODES if m in tok_s), key=lambda m: per_cpu[m])
         out[shape] = {"ratio": tok_s["ours"] / tok_s[best], "llama_cpp_best": best,
+                      "ratio_cpu": per_cpu["ours"] / per_cpu[best_cpu],
                       **{f"{side}_tok_s": v for side, v in tok_s.items()}}
         if "ours_fast" in tok_s:
             out[shape]["ratio_fast"] = tok_s["ours_fast"] / tok_s[best]
+            out[shape]["ratio_fast_cpu"] = per_cpu["ours_fast"] / per_cpu[best_cpu]
     return out
 
 
