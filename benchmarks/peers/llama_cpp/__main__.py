@@ -15,11 +15,14 @@ API; ``ratio_vs_llama_cpp`` per shape divides our median tok/s by the faster of 
 Ours: the engine's default configuration (batch-invariant, its C kernels), and its fast mode
 (``batch_invariant=False``) beside it; ``--dtype`` passed to ``EngineConfig(dtype=...)``. After
 the rounds, our prefill and decode step are profiled (packed sgemm, attention kernel, rest) and
-our base-GEMM floor is measured per shape, for the report's "where llama.cpp wins, and why". llama.cpp: an F32 GGUF holding bit for bit the fp32 weights
-ours loads (`gguf_export.py`; ``--gguf-type`` defaults to match ``--dtype``), checked at the
-start of every run: teacher-forced logprobs and greedy continuation of a chat prompt on both
-sides. Writes ``benchmarks/results/llama_cpp_smollm2.{json,md}`` (``_bf16``/``_f16`` suffix
-for the other GGUF types).
+our base-GEMM floor is measured per shape, for the report's "where llama.cpp wins, and why".
+
+llama.cpp's weights: an F32 GGUF holding bit for bit the fp32 weights ours loads
+(`gguf_export.py`; ``--gguf-type`` defaults to match ``--dtype``), checked at the start of
+every run: teacher-forced logprobs and greedy continuation of a chat prompt on both sides
+(with llama.cpp's F32 KV cache and flash attention off, and as timed). Writes
+``benchmarks/results/llama_cpp_smollm2.{json,md}`` (``_bf16``/``_f16`` suffix for the other
+GGUF types).
 """
 
 from __future__ import annotations

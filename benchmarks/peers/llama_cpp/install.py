@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -35,8 +36,23 @@ _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 
 
 def _recipe_hash() -> str:
-    text = json.dumps([LLAMA_CPP_PYTHON_VERSION, CMAKE_FLAGS, sys.version_info[:2]])
+    """The version, flags, Python and this CPU (``-march=native`` code built on one CPU may be
+    slow or illegal on another: a checkout moved to another machine rebuilds)."""
+    text = json.dumps([LLAMA_CPP_PYTHON_VERSION, CMAKE_FLAGS, sys.version_info[:2],
+                       cpu_id()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cpu_id() -> dict[str, str]:
+    """This CPU's model name and instruction-set flags (Linux's /proc/cpuinfo; elsewhere the
+    platform's processor name and no flags)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return {"model": platform.processor() or platform.machine(), "flags": ""}
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in info.splitlines())}
+    return {"model": fields.get("model name", ""), "flags": fields.get("flags", "")}
 
 
 def _say(message: str) -> None:
@@ -91,6 +107,7 @@ def install(scratch_dir: str | os.PathLike[str] = DEFAULT_SCRATCH_DIR,
     info = json.loads(subprocess.run([str(py), "-c", check], check=True, capture_output=True,
                                      text=True).stdout.strip().splitlines()[-1])
     record = {"recipe": _recipe_hash(), "llama_cpp_python": info["version"],
+              "cpu": cpu_id()["model"],
               "cmake_flags": list(CMAKE_FLAGS), "system_info": info["system_info"],
               "build_s": round(time.monotonic() - started, 1)}
     (scratch / "installed.json").write_text(json.dumps(record, indent=1) + "\n")

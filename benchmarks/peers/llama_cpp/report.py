@@ -199,7 +199,8 @@ def findings(record: Result) -> list[str]:
     lines = ["## Where llama.cpp wins, and why", ""]
     for shape, v in r["ratios"][mode].items():
         best = v["llama_cpp_best"]
-        verdict = "llama.cpp wins" if v["ratio"] < 1 else "ours wins"
+        verdict = ("even (within 5 %)" if abs(v["ratio"] - 1) <= 0.05
+                   else "llama.cpp wins" if v["ratio"] < 1 else "ours wins")
         lines.append(f"- **{shape}**: {verdict}: ours {v['ours_tok_s']:.1f} tok/s, llama.cpp "
                      f"{best.split('_')[1]} {v[f'{best}_tok_s']:.1f} tok/s (ratio "
                      f"{v['ratio']:.2f}; per CPU-second {v['ratio_cpu']:.2f}).")
