@@ -168,7 +168,8 @@ def _result() -> Result:
         "ratios": {"sample": ratios(runs, "sample")},
         "single_stream": {"sample": {"ours": {"first_token_ms": 100.0, "per_token_ms": 30.0,
                                               "tok_s": 32.0, "new_tokens": 128}}},
-        "greedy_agreement": {}, "runs": runs, "records": {},
+        "greedy_agreement": {"single/greedy/llama_high": greedy_agreement([[1, 2]], [[1, 3]])},
+        "runs": runs, "records": {},
         "gemm_floor": {"single/ours": {"prefill_s": 0.5, "decode_step_s": 0.056, "floor_s": 7.6,
                                        "ours_above_floor_s": 2.4, "max_ratio": 0.5,
                                        "llama_cpp_side": "llama_high"},
@@ -202,6 +203,8 @@ def test_report_renders_ratios_latency_time_split_profile_and_findings() -> None
     assert "- **fanout**: ours wins: ours 512.0 tok/s, llama.cpp batched 256.0 tok/s" in text
     assert "- **single**: llama.cpp wins" in text
     assert "56 ms per step padded, 38 ms at one row" in text
+    assert ("single/greedy/llama_high 0/1 identical (mean common prefix 1.0 of 2)"
+            in text)
 
 
 @pytest.mark.skipif(not install.is_installed(), reason="llama.cpp venv not built (run the "

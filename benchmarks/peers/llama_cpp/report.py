@@ -24,6 +24,7 @@ def markdown(record: Result) -> str:
         "",
         *setup(record),
         *parity_lines(r["parity"]),
+        *agreement_lines(r.get("greedy_agreement", {})),
         *runs_table(r),
         *ratio_table(r),
         *latency_table(r),
@@ -81,6 +82,17 @@ def parity_lines(p: dict[str, Any]) -> list[str]:
         "configuration rounds K and V to F16 (and, with flash attention on a CPU, Q too).",
         "",
     ]
+
+
+def agreement_lines(agreement: dict[str, Any]) -> list[str]:
+    """The greedy runs' continuations (first round) against ours, sequence by sequence."""
+    if not agreement:
+        return []
+    cells = [f"{name} {a['identical']}/{a['sequences']} identical (mean common prefix "
+             f"{a['mean_common_prefix']:.1f} of {a['tokens_per_sequence']})"
+             for name, a in agreement.items()]
+    return ["Greedy runs on the benchmark's own prompts (first round), each side's "
+            "continuations against ours: " + "; ".join(cells) + ".", ""]
 
 
 def runs_table(r: dict[str, Any]) -> list[str]:
