@@ -22,9 +22,11 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HERE = Path(__file__).resolve().parent
-#: Worker processes other benchmarks spawn, and a launcher that runs in SkyRL's own venv.
+#: Worker processes other benchmarks spawn (the llama.cpp one in its own venv), and a launcher
+#: that runs in SkyRL's own venv.
 NOT_BENCHMARKS = {"load.client", "load.flood", "load.openai_clients", "multiplex.tenant",
-                  "peers.client_bench", "peers.skyrl_compat.run_api"}
+                  "peers.client_bench", "peers.skyrl_compat.run_api",
+                  "peers.llama_cpp.worker"}
 
 
 def benchmarks() -> dict[str, Path]:
