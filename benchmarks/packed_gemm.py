@@ -5,7 +5,8 @@
 For each row count: every layer's base linears (q/k/v fused, o, gate/up fused, down: 30
 layers) and the tied LM head, at SmolLM2's shapes (hidden 576, MLP 1536, vocab 49152) on random
 weights, forward through F.linear and through the kernel, interleaved round by round (ABAB), CPU
-seconds; the forward outputs are compared bit for bit every round. With ``--backward``, also
+seconds; the forward outputs are compared bit for bit every round (and must match from 4 rows
+up: MKL's 1-3-row path sums otherwise). With ``--backward``, also
 the input gradient ``dy · w`` of the same GEMMs through torch.mm and through the kernel reading
 the weights unpacked. The weights outgrow the caches (the layers' 424 MB, the head 113 MB),
 as in a decode step. Records the load average and the GEMM probe; writes
@@ -75,10 +76,15 @@ def backward_runs(linears: list[FrozenLinear], rows: int
     return mkl, packed
 
 
-def cpu_seconds(fn: Callable[[], object]) -> float:
+def cpu_seconds(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.process_time()
-    fn()
-    return time.process_time() - t0
+    out = fn()
+    return time.process_time() - t0, out
+
+
+#: Fewest rows at which MKL's sgemm runs its main kernel (1-3 rows take an edge path that sums
+#: otherwise; batch-invariant mode pads rows to 8): where the kernel must give its bits.
+MKL_MAIN_ROWS = 4
 
 
 def measure(linears: list[FrozenLinear], rows_list: list[int], rounds: int, backward: bool
@@ -87,18 +93,24 @@ def measure(linears: list[FrozenLinear], rows_list: list[int], rounds: int, back
     out: dict[str, Any] = {}
     for rows in tqdm(rows_list, desc="row counts"):
         mkl, packed = forward_runs(linears, rows)
-        assert all(torch.equal(a, b) for a, b in zip(mkl(), packed(), strict=True))
         kinds = {"forward": (mkl, packed)}
         if backward:
             kinds["backward"] = backward_runs(linears, rows)
         for kind, (base, ours) in kinds.items():
             times: dict[str, list[float]] = {"mkl": [], "packed": []}
+            equal = True
             for _ in range(rounds):
-                times["mkl"].append(cpu_seconds(base))
-                times["packed"].append(cpu_seconds(ours))
+                mkl_s, want = cpu_seconds(base)
+                ours_s, got = cpu_seconds(ours)
+                times["mkl"].append(mkl_s)
+                times["packed"].append(ours_s)
+                equal &= all(torch.equal(a, b) for a, b in zip(want, got, strict=True))  # type: ignore[call-overload]
+            if kind == "forward" and rows >= MKL_MAIN_ROWS:
+                assert equal, f"the packed kernel lost F.linear's bits at {rows} rows"
             mkl_s, ours_s = (statistics.median(times[k]) for k in ("mkl", "packed"))
             out[f"{kind}/{rows}"] = {
-                "rows": rows, "mkl_s": mkl_s, "packed_s": ours_s, "speedup": mkl_s / ours_s,
+                "rows": rows, "bitwise": equal, "mkl_s": mkl_s, "packed_s": ours_s,
+                "speedup": mkl_s / ours_s,
                 "mkl_gflops": flops_per_row * rows / mkl_s / 1e9,
                 "packed_gflops": flops_per_row * rows / ours_s / 1e9,
                 "rounds_mkl_s": times["mkl"], "rounds_packed_s": times["packed"]}
@@ -117,11 +129,11 @@ def markdown(record: Result) -> str:
         f"equal to F.linear's in every round: **{r['bitwise_equal']}** (kernel block sizes "
         f"{r['blocks']}, {r['lanes']} lanes). {record.provenance()}", "",
         "| GEMMs | rows | F.linear / torch.mm s | packed kernel s | speedup | MKL GFLOP/s | "
-        "kernel GFLOP/s |", "|---|---|---|---|---|---|---|"]
+        "kernel GFLOP/s | bits equal |", "|---|---|---|---|---|---|---|---|"]
     for key, m in r["results"].items():
         lines.append(f"| {key.split('/')[0]} | {m['rows']} | {m['mkl_s']:.4f} | "
                      f"{m['packed_s']:.4f} | **{m['speedup']:.2f}** | {m['mkl_gflops']:.1f} | "
-                     f"{m['packed_gflops']:.1f} |")
+                     f"{m['packed_gflops']:.1f} | {m.get('bitwise', '–')} |")
     lines += ["", "`forward`: y = x · wᵀ (the kernel on the packed copy); `backward`: the input "
               "gradient dy · w (torch.mm vs the kernel reading the weight unpacked; its bits "
               "need not match). The machine is shared: compare only numbers of one run.", ""]
@@ -144,7 +156,9 @@ def main() -> None:
     linears = build(kernel)
     results = measure(linears, [int(r) for r in args.rows.split(",")], args.rounds,
                       args.backward)
-    result = run.finish({"threads": args.threads, "rounds": args.rounds, "bitwise_equal": True,
+    bitwise = all(r["bitwise"] for key, r in results.items()
+                  if key.startswith("forward/") and r["rows"] >= MKL_MAIN_ROWS)
+    result = run.finish({"threads": args.threads, "rounds": args.rounds, "bitwise_equal": bitwise,
                          "blocks": dict(kernel.blocks), "lanes": kernel.lanes,
                          "results": results}, model="SmolLM2-135M (shapes)")
     write(result, markdown(result), args.out)
