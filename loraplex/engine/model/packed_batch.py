@@ -5,7 +5,9 @@ in the KV cache, block table). Row layout (all linears, norms, the LM head): seq
 into per-adapter segments in order of first appearance, base-model (no adapter) rows last, the
 total padded with zero rows to a multiple of ``row_multiple``; MKL sgemm gives a row the same
 bits for every row count that is a multiple of 8 (of 4 at one or two threads), wherever the row
-sits; the loader checks the multiple on the machine (`row_quantum`).
+sits; the loader checks the multiple on the machine (`row_quantum`). Where every dense GEMM
+over the rows runs on the packed kernel, whose rows never depend on the row count, the total is
+not padded (``batch_multiple`` 1: a one-sequence decode step is one row, not eight).
 
 The LoRA segment GEMMs need each segment padded to ``row_multiple`` too (`LoraRows`, defined
 in `lora_batch`). When that costs little (training), segments are padded in place in the row
@@ -130,13 +132,17 @@ def pack_sequences(
     num_heads: int = 1,
     num_kv_heads: int = 1,
     device: torch.device | str = "cpu",
+    batch_multiple: int | None = None,
 ) -> PackedBatch:
     """Lay out sequences as rows and tiles (the algorithm; reads top to bottom).
 
     Args:
         seqs: the sequences, in the order results are wanted.
-        row_multiple: pad the rows, and every adapter segment of the LoRA layout, to a
+        row_multiple: pad every adapter segment of the LoRA layout, and the rows, to a
             multiple of this; 8 in batch-invariant mode, 1 in fast mode.
+        batch_multiple: pad the rows as a whole to a multiple of this instead (default
+            ``row_multiple``): 1 where no GEMM over all rows needs the padding (a model
+            whose every dense GEMM runs on the packed kernel, `Transformer.pack`).
         block_size: KV positions per cache block (attention's KV block).
         num_heads, num_kv_heads: the model's query and KV heads (the tile plan's row layout).
 
@@ -146,7 +152,8 @@ def pack_sequences(
     _validate(seqs, block_size)
     is_scratch = all(s.block_table is None for s in seqs)
 
-    row_start, tokens, positions, lora_rows = _lay_out_rows(seqs, row_multiple, device)
+    row_start, tokens, positions, lora_rows = _lay_out_rows(
+        seqs, row_multiple, row_multiple if batch_multiple is None else batch_multiple, device)
     num_rows = len(tokens)
     tables, next_scratch = _block_tables(seqs, block_size)
     width = max(len(t) for t in tables)
@@ -254,17 +261,21 @@ def _validate(seqs: Sequence[SequenceInput], block_size: int) -> None:
 MAX_IN_PLACE_PADDING = 0.125
 
 
-def _in_place_extra_rows(sizes: Sequence[int], num_real: int, row_multiple: int) -> int:
+def _in_place_extra_rows(sizes: Sequence[int], num_real: int, row_multiple: int,
+                         batch_multiple: int) -> int:
     """Rows that padding every adapter segment in place adds to the compact layout (whose
-    total is padded once): zero for one adapter and no base rows, as in a decode step."""
-    def padded(n: int) -> int:
-        return -(-n // row_multiple) * row_multiple
+    total is padded once, to ``batch_multiple``): zero for one adapter and no base rows, as
+    in a decode step, where the two multiples are one."""
+    def padded(n: int, multiple: int) -> int:
+        return -(-n // multiple) * multiple
 
     num_base = num_real - sum(sizes)
-    return sum(padded(n) for n in sizes) + padded(num_base) - padded(num_real)
+    return (sum(padded(n, row_multiple) for n in sizes) + padded(num_base, batch_multiple)
+            - padded(num_real, batch_multiple))
 
 
-def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torch.device | str
+def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, batch_multiple: int,
+                  device: torch.device | str
                   ) -> tuple[list[int], list[int], list[int], LoraRows | None]:
     """Row order (adapter segments, then base rows), row contents, and the LoRA layout."""
     order: list[str] = []
@@ -273,7 +284,7 @@ def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torc
             order.append(s.adapter_id)
     sizes = [sum(len(s.tokens) for s in seqs if s.adapter_id == a) for a in order]
     num_real = sum(len(s.tokens) for s in seqs)
-    in_place = _in_place_extra_rows(sizes, num_real, row_multiple) <= (
+    in_place = _in_place_extra_rows(sizes, num_real, row_multiple, batch_multiple) <= (
         MAX_IN_PLACE_PADDING * num_real)
     row_start = [0] * len(seqs)
     tokens: list[int] = []
@@ -286,7 +297,7 @@ def _lay_out_rows(seqs: Sequence[SequenceInput], row_multiple: int, device: torc
                 tokens += s.tokens
                 positions += range(s.num_cached, s.num_cached + len(s.tokens))
         if adapter is None or in_place:
-            pad = -len(tokens) % row_multiple
+            pad = -len(tokens) % (batch_multiple if adapter is None else row_multiple)
             tokens += [0] * pad
             positions += [0] * pad
         if adapter is not None:

@@ -119,6 +119,15 @@ class Transformer:
         # LoRA layer index of each dense MLP (all layers of a dense model) and sparse layer.
         self._dense_index = {layer: j for j, layer in enumerate(spec.dense_mlp_layers)}
         self._sparse = _sparse_mlps(spec, weights, options.effective_row_multiple, kernel)
+        # Rows need no padding as a whole where every dense GEMM over them is the packed
+        # kernel's (its rows never depend on the row count; LoRA segments stay padded) and
+        # attention the C kernel's: not with a router, a linear-attention layer, a vision
+        # tower, sinks or sliding windows (the tiled torch kernel) beside them.
+        self._compact_rows = (
+            kernel is not None and options.attention is not None and not self._sparse
+            and not self._linear and vision is None and spec.sliding_window is None
+            and not spec.family.attention_sinks
+            and all(linear.is_packed for linear in self.base_linears()))
 
     def base_linears(self) -> list[FrozenLinear]:
         """The dense layers' base GEMMs as the forward runs them (q/k/v fused; gate/up fused
@@ -147,6 +156,7 @@ class Transformer:
     def pack(self, seqs: Sequence[SequenceInput]) -> PackedBatch:
         """`pack_sequences` with this model's layout options."""
         return pack_sequences(seqs, row_multiple=self.options.effective_row_multiple,
+                              batch_multiple=1 if self._compact_rows else None,
                               block_size=self.options.kv_block_size,
                               num_heads=self.spec.num_heads, num_kv_heads=self.spec.num_kv_heads,
                               device=self.device)
