@@ -37,7 +37,7 @@ from typing import Any
 if not __package__:  # run as a script, not with -m: put the repo root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import REPO, RESULTS
+from benchmarks import REPO
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run, git_state
 from benchmarks.harness.server_process import ServerProcess, free_port
@@ -359,8 +359,9 @@ def main() -> None:
                         help="run this revision only (scripts/gpu_check.sh)")
     parser.add_argument("--no-small-long", action="store_true",
                         help="skip the 32K-token step on builtin:small-long")
-    result = run(parser.parse_args())
-    write(result, markdown(result), RESULTS, figure=figure(result.payload))
+    args = parser.parse_args()
+    result = run(args)
+    write(result, markdown(result), args.out, figure=figure(result.payload))
     print(json.dumps({k: result.payload[k] for k in ("peak_bytes_8k", "peak_over_theory",
                                              "recompute_time_cost", "max_context_trained")}))
 

@@ -39,7 +39,7 @@ if not __package__:  # run as a script, not with -m: put the repo root on sys.pa
 
 import torch
 
-from benchmarks import REPO, RESULTS
+from benchmarks import REPO
 from benchmarks.harness import cli
 from benchmarks.harness.result import Result, Run
 from benchmarks.harness.writer import write
@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (two GPUs: NCCL)")
     args = parser.parse_args()
     result = run(args.rounds, args.device)
-    write(result, markdown(result), RESULTS)
+    write(result, markdown(result), args.out)
     print(json.dumps({k: result.payload[k] for k in (
         "per_rank_weight_bytes_vs_theory", "logprob_max_abs_diff_vs_one_device",
         "kl_sample_train", "throughput_ratio_2v1", "recovery_s")}, indent=2))

@@ -23,7 +23,7 @@ sharing: how sampling worked before these bounds). Per round, for each server in
 Reports the light tenant's p50 / p95 latency and the beside / solo ratio of its p50, and the
 heavy tenant's completed samples per second (what the bounds cost it, relative to ``off``).
 Records the load average and the GEMM probe in the same run. Writes ``sample_fairness.json``
-and ``sample_fairness.md``.
+and ``sample_fairness.md`` (``sample_fairness_training.*`` with ``--workloads training``).
 """
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ def main() -> None:
     result = run.finish({"workloads": workloads, "modes": modes,
                          "heavy_prompt": args.heavy_prompt, "heavy_clients": args.heavy_clients,
                          "defaults": bound_defaults(), "rounds": rounds,
-                         "summary": summarize(rounds)}, model="builtin:tiny")
+                         "summary": summarize(rounds)}, model="builtin:tiny",
+                        name="sample_fairness_training" if workloads == ("training",) else None)
     write(result, markdown(result), args.out)
     print(markdown(result))
 
