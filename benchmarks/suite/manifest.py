@@ -137,8 +137,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("llama_cpp_smollm2", "peers.llama_cpp",
           ("--rounds", "3", "--threads", "1", "--cores", "0"), 35,
           needs="builds llama-cpp-python 0.3.36 from source (PyPI sdist, GGML_NATIVE) into its "
-                f"own venv under .scratch/peers/llama_cpp on first use (~10 min more); {SMOLLM2}",
-          elsewhere="llama"),
+                f"own venv under .scratch/peers/llama_cpp on first use (~10 min more); {SMOLLM2}"),
     Entry("multiplex", "multiplex", ("--ks", "1,2,4,8,16", "--modes", "sft,grpo"), 75,
           needs=SKYRL),
     # The server. Mostly fixed windows and server start-ups: load 485 s wall, sample_fairness
