@@ -295,10 +295,11 @@ def test_an_idle_worker_that_dies_is_noticed_and_replaced(
     run(lanes, save("a:train:0", 1, stores, "ckpt", tenant="alice"))
     a_toy = toys[0] if toys[0].has_adapter("a:train:0") else toys[1]
     a_toy.kill()
-    for _ in range(200):
-        if len(toys) == 3 and len(lanes.schedulers()) == 2:
+    survivor = next(t for t in toys[:2] if t is not a_toy)
+    for _ in range(200):  # the replacement joins and the restore onto the survivor lands
+        if (len(toys) == 3 and len(lanes.schedulers()) == 2
+                and survivor.has_adapter("a:train:0")):
             break
         threading.Event().wait(0.05)
     assert len(toys) == 3 and len(lanes.schedulers()) == 2, "noticed and replaced"
-    survivor = next(t for t in toys[:2] if t is not a_toy)
     assert survivor.has_adapter("a:train:0"), "the run moved without waiting for an op"
