@@ -52,11 +52,12 @@ def _keys(app: FastAPI) -> Iterator[tuple[str, Any]]:
 
 def _validated_models(endpoint: Any) -> tuple[bool, set[str]]:
     """Whether the endpoint reads its body, and the `schemas.*` names it (or a module-level
-    function it calls) validates with."""
+    function it calls or hands on, as ``submit_json(..., save_weights_op)``) validates with."""
     module = inspect.getmodule(endpoint)
     source = inspect.getsource(endpoint)
     reads_body = "request_body(" in source or "parse_body(" in source
-    called = {getattr(module, name) for name in re.findall(r"\b(\w+)\(", source)
+    names = re.findall(r"\b(\w+)\(", source) + re.findall(r"[(,]\s*(\w+)\s*[,)]", source)
+    called = {getattr(module, name) for name in names
               if inspect.isfunction(getattr(module, name, None))}
     sources = [source, *(inspect.getsource(f) for f in called if f is not endpoint)]
     return reads_body, {m for s in sources for m in re.findall(r"schemas\.([A-Z]\w*)", s)}
